@@ -1,0 +1,1 @@
+"""steerable.actors: everything that runs."""

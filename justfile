@@ -1,0 +1,35 @@
+# steerable's tasks. `just check` is the one gate: format, lint, types, tests, examples.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+py := if path_exists(".venv/bin/python") == "true" { ".venv/bin/python" } else { "python3" }
+
+default:
+    @just --list
+
+# Format check, lint, strict types, then the whole test suite.
+check: lint typecheck test
+
+# Run the test suite (extra arguments go to pytest).
+test *args:
+    {{py}} -m pytest {{args}}
+
+# Ruff format check and lint.
+lint:
+    {{py}} -m ruff format --check .
+    {{py}} -m ruff check .
+
+# Rewrite files with ruff's formatter and safe fixes.
+fmt:
+    {{py}} -m ruff format .
+    {{py}} -m ruff check --fix .
+
+# mypy --strict on actors, protocol, tests and examples.
+# mypy cannot follow setuptools' editable import hook, so it reads the packages through a
+# link tree that mirrors the installed layout (steerable.actors -> actors/).
+typecheck:
+    mkdir -p .typecheck/steerable
+    ln -sfn ../../actors .typecheck/steerable/actors
+    ln -sfn ../../protocol .typecheck/steerable/protocol
+    MYPYPATH=.typecheck {{py}} -m mypy -p steerable.protocol -p steerable.actors
+    MYPYPATH=.typecheck {{py}} -m mypy tests examples

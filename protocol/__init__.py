@@ -1,0 +1,1 @@
+"""steerable.protocol: pure data that crosses a boundary."""
