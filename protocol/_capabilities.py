@@ -95,8 +95,10 @@ class CapabilitySnapshot(Record):
     def differences(self, other: CapabilitySnapshot) -> list[str]:
         """Human-readable differences from `other` (empty when compatible)."""
         out: list[str] = []
-        for kind, mine, theirs in (("tool", self.tools, other.tools),
-                                   ("agent", self.agents, other.agents)):
+        for kind, mine, theirs in (
+            ("tool", self.tools, other.tools),
+            ("agent", self.agents, other.agents),
+        ):
             for name in sorted(mine.keys() | theirs.keys()):
                 a, b = mine.get(name), theirs.get(name)
                 if a == b:

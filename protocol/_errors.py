@@ -95,8 +95,9 @@ class AgentError(Record):
     details: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
-    def of(cls, code: ErrorCode, message: str, *, retryable: bool | None = None,
-           **details: Any) -> AgentError:
+    def of(
+        cls, code: ErrorCode, message: str, *, retryable: bool | None = None, **details: Any
+    ) -> AgentError:
         """Build an error, taking retryability from `DEFAULT_RETRYABLE` unless given."""
         if retryable is None:
             retryable = DEFAULT_RETRYABLE[code]

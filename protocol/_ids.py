@@ -1,0 +1,51 @@
+"""Identities (R3): the host owns session and task ids; the runtime owns run ids and revisions.
+
+Run ids sort by creation time (a 48-bit millisecond timestamp, then 80 random bits, in
+Crockford base32, as ULIDs do), so `steerable runs` lists newest last without an index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+__all__ = ["call_id", "idempotency_key", "new_run_id", "new_trace_id"]
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def _base32(value: int, length: int) -> str:
+    chars = []
+    for _ in range(length):
+        value, digit = divmod(value, 32)
+        chars.append(_CROCKFORD[digit])
+    return "".join(reversed(chars))
+
+
+def new_run_id() -> str:
+    """A new, time-sortable run id such as `run_01JH5...` (26 base32 digits after the prefix)."""
+    millis = time.time_ns() // 1_000_000
+    entropy = int.from_bytes(os.urandom(10), "big")
+    return "run_" + _base32(millis, 10) + _base32(entropy, 16)
+
+
+def new_trace_id() -> str:
+    """A new W3C-compatible trace id: 32 lower-case hex digits."""
+    return os.urandom(16).hex()
+
+
+def call_id(decision: int, index: int) -> str:
+    """The id of step `index` of the plan made by decision number `decision` (both from 1/0)."""
+    return f"c{decision}.{index}"
+
+
+def idempotency_key(run_id: str, call: str) -> str:
+    """The idempotency key of one call (R4): distinct per call, the same on every re-dispatch.
+
+    Derived from the run id and the call id, never from the session or run id alone, since one
+    run may legitimately make several writes with the same tool. A forked run has a new run id
+    and therefore new keys: re-executing a side effect is a new, explicitly authorised write.
+    """
+    digest = hashlib.sha256(f"{run_id}/{call}".encode()).hexdigest()
+    return "idem_" + digest[:32]
