@@ -17,7 +17,7 @@ __all__ = ["CancelScope", "Cancelled"]
 _log = structlog.get_logger("steerable.cancel")
 
 
-class Cancelled(Exception):  # noqa: N818 - reads as a state: `except Cancelled`
+class Cancelled(Exception):
     """Raised by `CancelScope.raise_if_cancelled()`; carries the first reason given."""
 
     def __init__(self, reason: str) -> None:
@@ -38,6 +38,8 @@ class CancelScope:
     """
 
     __slots__ = ("_callbacks", "_children", "_deadline", "_lock", "_parent", "_reason", "event")
+
+    _deadline: float | None
 
     def __init__(self, deadline: float | None = None, parent: CancelScope | None = None) -> None:
         self.event = threading.Event()

@@ -1,4 +1,4 @@
-"""Time, injected: the runtime reads a `Clock`, tests advance a `ManualClock` instead of sleeping."""
+"""Time, injected: the runtime reads a `Clock`; tests advance a `ManualClock`, never sleep."""
 
 from __future__ import annotations
 

@@ -51,6 +51,8 @@ class ErrorCode(StrEnum):
     """The process refused more work: too many abandoned threads, or a thread could not start."""
     NOT_FOUND = "not_found"
     """A run, revision or call id that the runtime does not know."""
+    RUN_ENDED = "run_ended"
+    """A message was sent to a run that is already terminal (or a runtime that shut down)."""
     INTERNAL_ERROR = "internal_error"
     """A defect in steerable itself; please report it."""
 
@@ -74,6 +76,7 @@ DEFAULT_RETRYABLE: dict[ErrorCode, bool] = {
     ErrorCode.SUBAGENT_FAILED: False,
     ErrorCode.RESOURCE_EXHAUSTED: True,
     ErrorCode.NOT_FOUND: False,
+    ErrorCode.RUN_ENDED: False,
     ErrorCode.INTERNAL_ERROR: False,
 }
 """Whether each code is retryable when the reporter does not say otherwise."""

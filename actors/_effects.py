@@ -1,0 +1,97 @@
+"""The port through which the pure run machine acts on the world.
+
+The machine (`_machine.py`) never touches a thread, a clock or a store: every effect is a call
+on this port. The `RunSupervisor` implements it for real; tests implement it with a recorder
+and drive the machine directly (hypothesis state machines, replay). Calls rather than returned
+effect objects keep the hot path free of allocations; a recorder turns them back into a list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from steerable.protocol import (
+    EventKind,
+    Phase,
+    RunOutcome,
+    RunView,
+    ToolResult,
+    TranscriptEntry,
+)
+
+__all__ = ["CallJob", "Effects", "TimerKind"]
+
+
+class TimerKind(StrEnum):
+    """The timers a run schedules; each fires back into the run's inbox."""
+
+    TOOL_TIMEOUT = "tool_timeout"
+    MODEL_TIMEOUT = "model_timeout"
+    RUN_DEADLINE = "run_deadline"
+    TOOL_RETRY = "tool_retry"
+    MODEL_RETRY = "model_retry"
+    GRACE = "grace"
+
+
+@dataclass(frozen=True, slots=True)
+class CallJob:
+    """One attempt of one tool call, as the machine asks for it to be dispatched."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    idempotency_key: str
+    attempt: int
+    deadline: float
+
+
+class Effects(Protocol):
+    """Everything the machine can make happen. Implementations must not block."""
+
+    def decide(self, model_call: int, view: RunView, deadline: float) -> None:
+        """Call the agent's `decide(view)` (and `accept` on a Finish) off the supervisor."""
+        ...
+
+    def dispatch(self, job: CallJob) -> None:
+        """Run one tool call attempt on a worker, with a cancel scope and its deadline."""
+        ...
+
+    def cancel_work(self, key: str, reason: str) -> None:
+        """Signal the cancel scope of a call (`key` = call id) or model call (`key` = "model")."""
+        ...
+
+    def abandon_work(self, key: str) -> None:
+        """Give up on a call or model call that did not stop: its worker is never reused."""
+        ...
+
+    def schedule(self, kind: TimerKind, key: str, attempt: int, at: float) -> None:
+        """Fire timer (kind, key, attempt) at monotonic time `at` (replaces the same kind+key)."""
+        ...
+
+    def unschedule(self, kind: TimerKind, key: str) -> None:
+        """Cancel timer (kind, key) if it is pending."""
+        ...
+
+    def emit(self, kind: EventKind, phase: Phase | None, data: dict[str, Any]) -> None:
+        """Publish an event (and fire the hooks of its moment)."""
+        ...
+
+    def journal(self, result: ToolResult) -> None:
+        """Store a call's result as it arrives (durable inbox), before the plan completes."""
+        ...
+
+    def checkpoint(
+        self,
+        revision: int,
+        snapshot: dict[str, Any],
+        entries_from: int,
+        entries: list[TranscriptEntry],
+    ) -> None:
+        """Write revision `revision`: the snapshot and the transcript entries since the last."""
+        ...
+
+    def settled(self, outcome: RunOutcome) -> None:
+        """The run reached a terminal state: publish its outcome."""
+        ...

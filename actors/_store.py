@@ -1,0 +1,258 @@
+"""Checkpoint stores: where runs' snapshots, transcripts, inboxes and journals live (R21, R25).
+
+The layout is hybrid (R25): per run, an append-only log of transcript entries, a small
+snapshot per revision, the durable inbox of host messages, and the journal of tool results
+as they arrive. A checkpoint writes one snapshot and only the entries added since the previous
+revision, so its cost does not grow with the run (BENCHMARKS.md W4). Checkpoints, the event
+stream (trace) and any memory an agent keeps stay separate responsibilities.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from steerable.protocol import (
+    AgentError,
+    ErrorCode,
+    HostMessage,
+    RunSnapshot,
+    RunState,
+    SteerableError,
+    ToolResult,
+    TranscriptEntry,
+)
+from steerable.protocol._codec import decode, decode_body, encode, encode_body
+
+__all__ = ["CheckpointStore", "MemoryStore", "RevisionInfo", "RunSummary", "StoredRun"]
+
+
+@dataclass(frozen=True, slots=True)
+class RevisionInfo:
+    """One revision of a run, as `Runtime.revisions()` lists it."""
+
+    run_id: str
+    revision: int
+    state: RunState
+    transcript_len: int
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """One run, as `steerable runs` lists it (its latest revision)."""
+
+    run_id: str
+    state: RunState
+    revision: int
+    task: str
+    agent: str
+    parent_run_id: str | None
+    updated_at: float
+
+
+@dataclass(slots=True)
+class StoredRun:
+    """A run loaded at one revision: everything a resume, replay or fork needs."""
+
+    snapshot: RunSnapshot
+    transcript: list[TranscriptEntry]
+    journal: dict[str, ToolResult] = field(default_factory=dict)
+    """Results of the current plan's calls recorded after the snapshot (durable inbox)."""
+    messages: list[HostMessage] = field(default_factory=list)
+    """Host messages accepted after the snapshot (seq > snapshot.last_seq), in seq order."""
+
+
+def not_found(run_id: str, revision: int | None = None) -> SteerableError:
+    """The error for an unknown run or revision."""
+    what = f"run {run_id!r}" if revision is None else f"revision {revision} of run {run_id!r}"
+    return SteerableError(
+        AgentError.of(
+            ErrorCode.NOT_FOUND, f"no {what} in this store", run_id=run_id, revision=revision
+        )
+    )
+
+
+class CheckpointStore(ABC):
+    """Where a runtime keeps runs. Implementations are safe to call from any thread.
+
+    `durable` stores keep what they accepted across a process crash; `send()` stores a
+    message before it returns when the store is durable.
+    """
+
+    durable: bool = False
+
+    @abstractmethod
+    def append_message(self, run_id: str, message: HostMessage) -> None:
+        """Store one accepted host message (the durable inbox); must be stored on return."""
+
+    @abstractmethod
+    def journal(self, run_id: str, result: ToolResult) -> None:
+        """Store one tool result as it arrives, before its plan completes."""
+
+    @abstractmethod
+    def write_checkpoint(
+        self,
+        run_id: str,
+        revision: int,
+        snapshot: dict[str, Any],
+        entries_from: int,
+        entries: Sequence[TranscriptEntry],
+    ) -> None:
+        """Store revision `revision`: `snapshot` (a RunSnapshot body) and the new entries.
+
+        May return before the data is on disk (a writer thread), but revisions of one run
+        are stored in order and a later `load` sees every revision written before it.
+        """
+
+    @abstractmethod
+    def load(self, run_id: str, revision: int | None = None) -> StoredRun:
+        """Load a run at `revision` (None: the latest).
+
+        Raises:
+            SteerableError: `not_found`, `checkpoint_corrupt` or `checkpoint_incompatible`.
+        """
+
+    @abstractmethod
+    def revisions(self, run_id: str) -> list[RevisionInfo]:
+        """Every revision of a run, oldest first."""
+
+    @abstractmethod
+    def runs(self) -> list[RunSummary]:
+        """Every run in the store, oldest first."""
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything accepted is written; True if it was within `timeout`."""
+        del timeout
+        return True
+
+    def close(self) -> None:  # noqa: B027 - stores without resources need no close
+        """Release the store's resources (flushes first)."""
+
+
+class _MemRun:
+    __slots__ = ("entries", "journal", "messages", "revisions")
+
+    def __init__(self) -> None:
+        self.revisions: list[bytes] = []
+        self.entries: list[bytes] = []
+        self.messages: list[tuple[int, bytes]] = []
+        self.journal: dict[str, bytes] = {}
+
+
+class MemoryStore(CheckpointStore):
+    """Keeps encoded checkpoints in memory: the default, for runs that need not survive the process.
+
+    It encodes exactly as a durable store does (msgpack, R24), so what works here loads the
+    same way from SQLite.
+    """
+
+    durable = False
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[str, _MemRun] = {}
+
+    def _run(self, run_id: str) -> _MemRun:
+        run = self._runs.get(run_id)
+        if run is None:
+            run = self._runs[run_id] = _MemRun()
+        return run
+
+    def append_message(self, run_id: str, message: HostMessage) -> None:
+        data = encode(message, kind="host_message")
+        with self._lock:
+            self._run(run_id).messages.append((message.seq, data))
+
+    def journal(self, run_id: str, result: ToolResult) -> None:
+        data = encode(result, kind="entry")
+        with self._lock:
+            self._run(run_id).journal[result.call_id] = data
+
+    def write_checkpoint(
+        self,
+        run_id: str,
+        revision: int,
+        snapshot: dict[str, Any],
+        entries_from: int,
+        entries: Sequence[TranscriptEntry],
+    ) -> None:
+        blob = encode_body("snapshot", snapshot)
+        encoded = [encode(e, kind="entry") for e in entries]
+        with self._lock:
+            run = self._run(run_id)
+            del run.entries[entries_from:]  # a resumed run rewrites from its snapshot's length
+            run.entries.extend(encoded)
+            del run.revisions[revision:]
+            run.revisions.append(blob)
+            if not snapshot.get("plan"):
+                run.journal.clear()  # the plan's results are in the transcript now
+
+    def load(self, run_id: str, revision: int | None = None) -> StoredRun:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None or not run.revisions:
+                raise not_found(run_id)
+            index = len(run.revisions) - 1 if revision is None else revision
+            if not 0 <= index < len(run.revisions):
+                raise not_found(run_id, revision)
+            blob = run.revisions[index]
+            latest = index == len(run.revisions) - 1
+            entries = list(run.entries)
+            journal = dict(run.journal) if latest else {}
+            messages = list(run.messages)
+        snapshot = decode(blob, kind="snapshot")
+        transcript = [decode(e, kind="entry") for e in entries[: snapshot.transcript_len]]
+        pending = (
+            [decode(m, kind="host_message") for seq, m in messages if seq > snapshot.last_seq]
+            if latest
+            else []
+        )
+        return StoredRun(
+            snapshot=snapshot,
+            transcript=transcript,
+            journal={k: decode(v, kind="entry") for k, v in journal.items()},
+            messages=pending,
+        )
+
+    def revisions(self, run_id: str) -> list[RevisionInfo]:
+        with self._lock:
+            run = self._runs.get(run_id)
+            blobs = list(run.revisions) if run is not None else []
+        if not blobs:
+            raise not_found(run_id)
+        out = []
+        for blob in blobs:
+            _, body = decode_body(blob, kind="snapshot")
+            out.append(
+                RevisionInfo(
+                    run_id=run_id,
+                    revision=body["revision"],
+                    state=RunState(body["state"]),
+                    transcript_len=body["transcript_len"],
+                    updated_at=body["updated_at"],
+                )
+            )
+        return out
+
+    def runs(self) -> list[RunSummary]:
+        with self._lock:
+            latest = [(rid, r.revisions[-1]) for rid, r in self._runs.items() if r.revisions]
+        out = []
+        for run_id, blob in latest:
+            _, body = decode_body(blob, kind="snapshot")
+            out.append(
+                RunSummary(
+                    run_id=run_id,
+                    state=RunState(body["state"]),
+                    revision=body["revision"],
+                    task=body["task"],
+                    agent=body["agent"],
+                    parent_run_id=body["parent_run_id"],
+                    updated_at=body["updated_at"],
+                )
+            )
+        return sorted(out, key=lambda s: s.run_id)

@@ -1,0 +1,392 @@
+"""`RunSupervisor`: the actor that owns one run. A thin shell around the pure `RunMachine`.
+
+It never blocks and never runs user code (PYKKA.md T2): `decide`, tools and hooks run on
+worker threads or the runtime's event loop and report back with `tell`; timers are messages
+from the runtime's timer thread. Supervisors own no thread: they are multiplexed on the
+runtime's dispatcher (PYKKA.md, last section), which makes "never block" load-bearing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pykka
+import structlog
+from steerable.protocol import (
+    HOOK_EVENTS,
+    AgentError,
+    ApprovalRequest,
+    ErrorCode,
+    EventKind,
+    HookName,
+    HostMessage,
+    Phase,
+    RunEvent,
+    RunOutcome,
+    RunView,
+    ToolResult,
+    TranscriptEntry,
+)
+
+from ._base import SteerableActor
+from ._cancel import CancelScope
+from ._effects import CallJob, TimerKind
+from ._jobs import Accept, Decided, DecideJob, HookDone, HookJob, ToolDone, ToolJob
+from ._machine import MODEL_KEY, RunMachine
+from ._mux import MuxActor
+from ._tool import Tool, ToolContext
+
+if TYPE_CHECKING:
+    from ._cell import RunCell
+    from ._runtime import Services
+
+__all__ = ["Begin", "HostMsg", "RunSupervisor", "TimerFired"]
+
+_log = structlog.get_logger("steerable.supervisor")
+
+
+@dataclass(slots=True)
+class Begin:
+    """Message: start (or resume) the run."""
+
+    resume: bool = False
+
+
+@dataclass(slots=True)
+class HostMsg:
+    """Message: a host message was accepted (and stored) for this run."""
+
+    message: HostMessage
+
+
+@dataclass(slots=True)
+class TimerFired:
+    """Message: a timer of this run fired."""
+
+    kind: TimerKind
+    key: str
+    attempt: int
+
+
+@dataclass(slots=True)
+class _Work:
+    job: DecideJob | ToolJob
+    scope: CancelScope
+    attempt: int
+    handle: Any = None  # AsyncHandle for async work
+
+
+class RunSupervisor(SteerableActor, MuxActor):
+    """Owns one run: its machine, its in-flight work, its timers and its hooks.
+
+    Created by the `Runtime`; hosts talk to it only through a `RunHandle`.
+    """
+
+    def __init__(
+        self,
+        *,
+        services: Services,
+        cell: RunCell,
+        machine_factory: Callable[[RunSupervisor], RunMachine],
+        agent: Any,
+        accept: Accept | None,
+        tools: Mapping[str, Tool[Any, Any]],
+        hooks: Mapping[HookName, Sequence[Callable[[RunEvent], object]]],
+    ) -> None:
+        super().__init__(dispatcher=services.dispatcher)
+        self.services = services
+        self.cell = cell
+        self.agent = agent
+        self.accept = accept
+        self.tools = tools
+        self.hooks = hooks
+        self._async_decide = inspect.iscoroutinefunction(getattr(agent, "decide", None))
+        self._work: dict[str, _Work] = {}
+        self._timers: dict[tuple[TimerKind, str], Any] = {}
+        self._hooks_pending = 0
+        self._hook_jobs: list[HookJob] = []
+        self._outcome: RunOutcome | None = None
+        self._log = _log.bind(run_id=cell.run_id, trace_id=cell.trace_id)
+        self.machine = machine_factory(self)
+
+    # ------------------------------------------------------------------ inbox
+
+    def handle(self, message: object) -> object:
+        """Apply one message to the machine, then publish the state the host reads."""
+        machine = self.machine
+        now = self.services.clock.now()
+        if isinstance(message, ToolDone):
+            work = self._work.get(message.call_id)
+            if work is not None and work.attempt == message.attempt:
+                del self._work[message.call_id]
+                work.scope.detach()
+            machine.tool_done(message.call_id, message.attempt, message.value, message.error, now)
+        elif isinstance(message, Decided):
+            work = self._work.pop(MODEL_KEY, None)
+            if work is not None:
+                work.scope.detach()
+            if message.accept_error is not None:
+                machine.record_error(message.accept_error)
+            machine.decided(
+                message.model_call,
+                message.decision,
+                message.verdict,
+                message.error,
+                message.elapsed,
+                now,
+            )
+        elif isinstance(message, TimerFired):
+            self._timers.pop((message.kind, message.key), None)
+            if message.kind is TimerKind.GRACE and message.key == "hooks":
+                self._hooks_timed_out()
+            else:
+                machine.timer(message.kind, message.key, message.attempt, now)
+        elif isinstance(message, HostMsg):
+            machine.host(message.message, now)
+        elif isinstance(message, HookDone):
+            self._hook_done(message.errors)
+        elif isinstance(message, Begin):
+            machine.start(now)
+        self.cell.state = machine.state
+        return None
+
+    def on_handler_error(self, message: object, exc: BaseException) -> None:
+        """A defect in steerable itself: record it and end the run in ERROR (R6)."""
+        self._log.error("supervisor_defect", message=type(message).__name__, exc_info=exc)
+        error = AgentError.of(
+            ErrorCode.INTERNAL_ERROR,
+            f"steerable defect while handling {type(message).__name__}: "
+            f"{type(exc).__name__}: {exc}",
+        )
+        try:
+            if not self.machine.is_terminal:
+                self.machine.abort(error)
+            self.cell.state = self.machine.state
+        except BaseException as again:  # noqa: BLE001 - last resort: settle the host's future
+            self._log.error("supervisor_abort_failed", exc_info=again)
+            self.cell.fail(error)
+
+    def stopping(self) -> None:
+        """On stop: cancel timers; in-flight work of a live run is abandoned."""
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        for key in list(self._work):
+            self.abandon_work(key)
+
+    # ------------------------------------------------------------------ Effects port
+
+    def decide(self, model_call: int, view: RunView, deadline: float) -> None:
+        """Run the agent's decide on a worker (or the event loop for `async def decide`)."""
+        job = DecideJob(
+            self.agent, view, self.accept, self.actor_ref, model_call, self.services.clock
+        )
+        work = _Work(job, self.cell.scope.child(deadline), model_call)
+        self._work[MODEL_KEY] = work
+        if self._async_decide:
+            started = self.services.clock.now()
+            work.handle = self.services.aloop.submit(
+                job.coroutine, lambda value, exc: job.report(started, value, exc)
+            )
+        elif not self.services.pool.submit(job):
+            job.report(self.services.clock.now(), None, RuntimeError("the runtime is shut down"))
+
+    def dispatch(self, job: CallJob) -> None:
+        """Run one tool call attempt on a worker, or on the event loop for `async def` tools."""
+        services = self.services
+        tool = self.tools[job.tool]
+        scope = self.cell.scope.child(job.deadline)
+        ctx = ToolContext(
+            run_id=self.cell.run_id,
+            trace_id=self.cell.trace_id,
+            call_id=job.call_id,
+            tool=job.tool,
+            idempotency_key=job.idempotency_key,
+            attempt=job.attempt,
+            deadline=job.deadline,
+            scope=scope,
+            now=services.clock.now,
+        )
+        tool_job = ToolJob(tool, job.arguments, ctx, self.actor_ref)
+        work = _Work(tool_job, scope, job.attempt)
+        self._work[job.call_id] = work
+        if tool.is_async:
+            work.handle = services.aloop.submit(tool_job.coroutine, tool_job.report)
+        elif services.pool.is_saturated_by_abandoned():
+            abandoned = services.pool.statistics()["workers_abandoned"]
+            self.actor_ref.tell(
+                ToolDone(
+                    job.call_id,
+                    job.attempt,
+                    None,
+                    AgentError.of(
+                        ErrorCode.RESOURCE_EXHAUSTED,
+                        f"too many abandoned tool threads ({abandoned}); refusing new calls",
+                        abandoned=abandoned,
+                        tool=job.tool,
+                        call_id=job.call_id,
+                    ),
+                )
+            )
+        elif not services.pool.submit(tool_job):
+            tool_job.report(None, RuntimeError("the runtime is shut down"))
+
+    def cancel_work(self, key: str, reason: str) -> None:
+        """Signal a call's (or the model call's) cancel scope; async work is cancelled too."""
+        work = self._work.get(key)
+        if work is not None:
+            work.scope.cancel(reason)
+
+    def abandon_work(self, key: str) -> None:
+        """Stop waiting for work that did not stop; its worker is never reused (T3)."""
+        work = self._work.pop(key, None)
+        if work is None:
+            return
+        work.scope.cancel("abandoned")
+        work.scope.detach()
+        if work.handle is not None:
+            work.handle.cancel()
+        else:
+            self.services.pool.abandon(work.job)
+
+    def schedule(self, kind: TimerKind, key: str, attempt: int, at: float) -> None:
+        """Fire `TimerFired(kind, key, attempt)` into this actor's inbox at `at`."""
+        old = self._timers.pop((kind, key), None)
+        if old is not None:
+            old.cancel()
+        ref = self.actor_ref
+        message = TimerFired(kind, key, attempt)
+
+        def fire() -> None:
+            with contextlib.suppress(pykka.ActorDeadError):  # the run ended first
+                ref.tell(message)
+
+        self._timers[(kind, key)] = self.services.timer.schedule_at(at, fire)
+
+    def unschedule(self, kind: TimerKind, key: str) -> None:
+        """Cancel a pending timer."""
+        handle = self._timers.pop((kind, key), None)
+        if handle is not None:
+            handle.cancel()
+
+    def emit(self, kind: EventKind, phase: Phase | None, data: dict[str, Any]) -> None:
+        """Append to the event stream; fire the hooks of this moment on the hook worker."""
+        cell = self.cell
+        if kind is EventKind.APPROVAL_REQUESTED:
+            cell.approval_requested(
+                ApprovalRequest(
+                    call_id=data["call_id"],
+                    tool=data["tool"],
+                    arguments=data["arguments"],
+                    run_id=cell.run_id,
+                )
+            )
+        elif kind is EventKind.APPROVAL_SETTLED:
+            cell.approval_settled(data["call_id"])
+        at = self.services.clock.wall()
+        seq = cell.events.append(cell.run_id, kind, phase, at, data, cell.parent_run_id)
+        hook = HOOK_EVENTS.get(kind)
+        if hook is not None:
+            callbacks = self.hooks.get(hook)
+            if callbacks:
+                event = RunEvent(
+                    run_id=cell.run_id,
+                    trace_id=cell.trace_id,
+                    seq=seq,
+                    kind=kind,
+                    phase=phase,
+                    at=at,
+                    data=data,
+                    parent_run_id=cell.parent_run_id,
+                )
+                job = HookJob(callbacks, event, self.actor_ref)
+                self._hooks_pending += 1
+                self._hook_jobs.append(job)
+                if not self.services.hook_pool.submit(job):
+                    self._hooks_pending -= 1
+                    self._hook_jobs.remove(job)
+
+    def journal(self, result: ToolResult) -> None:
+        """Store a result as it arrives (the durable inbox of tool results)."""
+        if self.services.store.durable:
+            self.services.store.journal(self.cell.run_id, result)
+
+    def checkpoint(
+        self,
+        revision: int,
+        snapshot: dict[str, Any],
+        entries_from: int,
+        entries: list[TranscriptEntry],
+    ) -> None:
+        """Write one revision (a durable store encodes and writes on its own thread)."""
+        snapshot["updated_at"] = self.services.clock.wall()
+        self.services.store.write_checkpoint(
+            self.cell.run_id, revision, snapshot, entries_from, entries
+        )
+        cell = self.cell
+        cell.revision = revision
+        cell.events.append(
+            cell.run_id,
+            EventKind.CHECKPOINT,
+            None,
+            snapshot["updated_at"],
+            {"revision": revision},
+            cell.parent_run_id,
+        )
+
+    def settled(self, outcome: RunOutcome) -> None:
+        """Terminal: publish the outcome once pending hooks (on_finish among them) ran."""
+        self._outcome = outcome
+        self.cell.state = outcome.state
+        self.cell.close_approvals()
+        if self._hooks_pending:
+            at = self.services.clock.now() + self.services.hook_timeout
+            self.schedule(TimerKind.GRACE, "hooks", 0, at)
+        else:
+            self._publish()
+
+    # ------------------------------------------------------------------ hooks and ending
+
+    def _hook_done(self, errors: list[AgentError]) -> None:
+        self._hooks_pending -= 1
+        if self._hook_jobs:
+            self._hook_jobs.pop(0)
+        for error in errors:
+            self._log.warning("hook_error", error=error.message)
+            if self._outcome is None:
+                self.machine.record_error(error)
+            else:
+                self._outcome = self._outcome.model_copy(
+                    update={"errors": (*self._outcome.errors, error)}
+                )
+        if self._outcome is not None and self._hooks_pending <= 0:
+            self.unschedule(TimerKind.GRACE, "hooks")
+            self._publish()
+
+    def _hooks_timed_out(self) -> None:
+        if self._outcome is None:
+            return
+        for job in self._hook_jobs:
+            self.services.hook_pool.abandon(job)
+        error = AgentError.of(
+            ErrorCode.HOOK_ERROR,
+            f"hooks did not finish within {self.services.hook_timeout}s; abandoned",
+            pending=self._hooks_pending,
+        )
+        self._outcome = self._outcome.model_copy(update={"errors": (*self._outcome.errors, error)})
+        self._hooks_pending = 0
+        self._hook_jobs.clear()
+        self._publish()
+
+    def _publish(self) -> None:
+        outcome = self._outcome
+        if outcome is None:
+            return
+        self._outcome = None
+        self.cell.settle(outcome)
+        self.services.run_ended(self.cell.run_id)
+        self.actor_ref.stop(block=False)  # queued: handled after this message
