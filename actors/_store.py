@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from steerable.protocol import (
     AgentError,
     ErrorCode,
@@ -27,7 +29,64 @@ from steerable.protocol import (
 )
 from steerable.protocol._codec import decode, decode_body, encode, encode_body
 
-__all__ = ["CheckpointStore", "MemoryStore", "RevisionInfo", "RunSummary", "StoredRun"]
+__all__ = [
+    "CheckpointStore",
+    "MemoryStore",
+    "RevisionInfo",
+    "RunSummary",
+    "StoredRun",
+    "join_snapshot",
+    "split_snapshot",
+]
+
+STATIC_KEYS = (
+    "trace_id",
+    "session_id",
+    "task_id",
+    "parent_run_id",
+    "depth",
+    "forked_from",
+    "task",
+    "agent",
+    "config",
+    "capabilities",
+    "compatibility",
+    "created_at",
+)
+"""Snapshot fields fixed for a run's life: stored once per run, not once per revision."""
+
+
+def split_snapshot(snapshot: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split a snapshot body into its static part and its per-revision part."""
+    static = {key: snapshot[key] for key in STATIC_KEYS}
+    dynamic = {key: value for key, value in snapshot.items() if key not in static}
+    return static, dynamic
+
+
+def join_snapshot(static_blob: bytes, dynamic_blob: bytes) -> RunSnapshot:
+    """Decode and validate a snapshot stored as its two parts.
+
+    Raises:
+        SteerableError: `checkpoint_corrupt` or `checkpoint_incompatible`.
+    """
+    _, static = decode_body(static_blob, kind="snapshot")
+    _, dynamic = decode_body(dynamic_blob, kind="snapshot")
+    if not isinstance(static, dict) or not isinstance(dynamic, dict):
+        raise SteerableError(
+            AgentError.of(ErrorCode.CHECKPOINT_CORRUPT, "a snapshot part is not a map")
+        )
+    try:
+        return RunSnapshot.model_validate({**static, **dynamic})
+    except ValidationError as exc:
+        raise SteerableError(
+            AgentError.of(
+                ErrorCode.CHECKPOINT_CORRUPT,
+                f"snapshot does not validate: {exc.error_count()} errors",
+                errors=exc.errors(include_url=False, include_context=False, include_input=False)[
+                    :5
+                ],
+            )
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,9 +193,10 @@ class CheckpointStore(ABC):
 
 
 class _MemRun:
-    __slots__ = ("entries", "journal", "messages", "revisions")
+    __slots__ = ("entries", "journal", "messages", "revisions", "static")
 
     def __init__(self) -> None:
+        self.static = b""
         self.revisions: list[bytes] = []
         self.entries: list[bytes] = []
         self.messages: list[tuple[int, bytes]] = []
@@ -180,10 +240,13 @@ class MemoryStore(CheckpointStore):
         entries_from: int,
         entries: Sequence[TranscriptEntry],
     ) -> None:
-        blob = encode_body("snapshot", snapshot)
+        static, dynamic = split_snapshot(snapshot)
+        blob = encode_body("snapshot", dynamic)
         encoded = [encode(e, kind="entry") for e in entries]
         with self._lock:
             run = self._run(run_id)
+            if not run.static or revision == 0:
+                run.static = encode_body("snapshot", static)
             del run.entries[entries_from:]  # a resumed run rewrites from its snapshot's length
             run.entries.extend(encoded)
             del run.revisions[revision:]
@@ -200,11 +263,12 @@ class MemoryStore(CheckpointStore):
             if not 0 <= index < len(run.revisions):
                 raise not_found(run_id, revision)
             blob = run.revisions[index]
+            static = run.static
             latest = index == len(run.revisions) - 1
             entries = list(run.entries)
             journal = dict(run.journal) if latest else {}
             messages = list(run.messages)
-        snapshot = decode(blob, kind="snapshot")
+        snapshot = join_snapshot(static, blob)
         transcript = [decode(e, kind="entry") for e in entries[: snapshot.transcript_len]]
         pending = (
             [decode(m, kind="host_message") for seq, m in messages if seq > snapshot.last_seq]
@@ -240,10 +304,13 @@ class MemoryStore(CheckpointStore):
 
     def runs(self) -> list[RunSummary]:
         with self._lock:
-            latest = [(rid, r.revisions[-1]) for rid, r in self._runs.items() if r.revisions]
+            latest = [
+                (rid, r.static, r.revisions[-1]) for rid, r in self._runs.items() if r.revisions
+            ]
         out = []
-        for run_id, blob in latest:
+        for run_id, static, blob in latest:
             _, body = decode_body(blob, kind="snapshot")
+            body.update(decode_body(static, kind="snapshot")[1])
             out.append(
                 RunSummary(
                     run_id=run_id,

@@ -37,13 +37,21 @@ class RetryPolicy(Record):
 
     max_retries: int = Field(default=2, ge=0, le=100)
     backoff: float = Field(default=0.2, ge=0)
-    multiplier: float = Field(default=2.0, ge=1.0)
+    multiplier: float = Field(default=2.0, ge=1.0, le=100.0)
     max_backoff: float = Field(default=10.0, ge=0)
     jitter: bool = True
 
+    @model_validator(mode="after")
+    def _bounded(self) -> RetryPolicy:
+        if self.max_backoff < self.backoff:
+            raise ValueError("max_backoff must be >= backoff")
+        return self
+
     def delay(self, retry: int, unit: float = 1.0) -> float:
         """Seconds before retry number `retry` (from 1); `unit` in [0, 1) is the jitter draw."""
-        base = min(self.max_backoff, self.backoff * self.multiplier ** (retry - 1))
+        # Cap the exponent first: multiplier ** retry overflows a float long before retry 100.
+        exponent = min(retry - 1, 64)
+        base = min(self.max_backoff, self.backoff * self.multiplier**exponent)
         return base * (0.5 + 0.5 * unit) if self.jitter else base
 
 
@@ -78,9 +86,3 @@ class RunConfig(Record):
     max_depth: int = Field(default=3, ge=0)
     max_children: int = Field(default=16, ge=0)
     cancel_grace: float = Field(default=1.0, ge=0)
-
-    @model_validator(mode="after")
-    def _coherent(self) -> RunConfig:
-        if self.retry.max_backoff < self.retry.backoff:
-            raise ValueError("retry.max_backoff must be >= retry.backoff")
-        return self
