@@ -14,17 +14,6 @@ from ._checkpoint import (
     PlannedCall,
     RunSnapshot,
 )
-from ._codec import (
-    FORMAT_HISTORY,
-    FORMAT_VERSION,
-    MAX_MESSAGE_BYTES,
-    decode,
-    decode_body,
-    encode,
-    encode_body,
-    redact,
-    register_migration,
-)
 from ._config import RetryPolicy, RunConfig, SteeringMode
 from ._decisions import AskUser, Decision, Finish, Plan, SubagentCall, ToolCall, Usage
 from ._errors import AgentError, ErrorCode, SteerableError
@@ -47,10 +36,7 @@ from ._state import RunState, WaitingFor
 from ._view import Budgets, RunView, Transcript
 
 __all__ = [
-    "FORMAT_HISTORY",
-    "FORMAT_VERSION",
     "HOOK_EVENTS",
-    "MAX_MESSAGE_BYTES",
     "AgentError",
     "AgentSpec",
     "ApprovalDecision",
@@ -95,12 +81,6 @@ __all__ = [
     "Usage",
     "UserMessage",
     "WaitingFor",
-    "decode",
-    "decode_body",
-    "encode",
-    "encode_body",
     "new_run_id",
     "new_trace_id",
-    "redact",
-    "register_migration",
 ]

@@ -14,4 +14,6 @@ class Record(BaseModel):
     misspelt field is an error, not silently dropped data.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=False)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_default=False, ser_json_inf_nan="constants"
+    )

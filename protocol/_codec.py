@@ -267,7 +267,7 @@ def _redact(value: Any) -> Any:
 # -- decoding ------------------------------------------------------------------------------------
 
 
-def decode(data: bytes, *, kind: str | None = None) -> Any:
+def decode(data: bytes | bytearray | memoryview, *, kind: str | None = None) -> Any:
     """Decode and validate one envelope.
 
     Args:
@@ -295,7 +295,9 @@ def decode(data: bytes, *, kind: str | None = None) -> Any:
         raise _corrupt(f"the {found!r} record does not validate: {exc}") from exc
 
 
-def decode_body(data: bytes, *, kind: str | None = None) -> tuple[str, Any]:
+def decode_body(
+    data: bytes | bytearray | memoryview, *, kind: str | None = None
+) -> tuple[str, Any]:
     """Open an envelope and migrate its body to `FORMAT_VERSION`, without validating it.
 
     For callers that validate lazily (e.g. transcript entries loaded for a later revision).
@@ -347,7 +349,10 @@ def _open(data: object) -> tuple[int, str, Any]:
         RecursionError,
         MemoryError,
     ) as exc:
-        raise _corrupt(f"not well-formed msgpack after the magic ({exc})") from None
+        detail = str(exc) or type(exc).__name__
+        if "max_ext_len" in detail:
+            detail = "msgpack ext types, timestamps included, are not part of the format"
+        raise _corrupt(f"not well-formed msgpack after the magic ({detail})") from None
     if not isinstance(top, list) or not top:
         raise _corrupt("the envelope is not an array [format_version, kind, body]")
     version = top[0]
@@ -387,7 +392,7 @@ def _as_bytes(data: object) -> bytes:
 
 
 def _reject_ext(code: int, data: bytes) -> Any:
-    raise ValueError(f"msgpack ext type {code} is not part of the format")
+    raise ValueError(f"msgpack ext type {code}: ext types are not part of the format")
 
 
 def _check_version(version: int) -> None:
@@ -420,7 +425,7 @@ def _migrate(version: int, kind: str, body: Any) -> Any:
             body = _MIGRATIONS[v](kind, body)
         except Exception as exc:  # R24: whatever a migration trips on is one error code
             raise _corrupt(
-                f"migrating a {kind!r} record from format {v} to {v + 1} failed: "
+                f"migrating the {kind!r} record from format {v} to {v + 1} failed: "
                 f"{type(exc).__name__}: {exc}",
                 format_version=version,
             ) from exc
