@@ -16,6 +16,7 @@ from typing import Any
 import pykka
 import structlog
 from pydantic import TypeAdapter, ValidationError
+
 from steerable.protocol import (
     AgentError,
     AskUser,

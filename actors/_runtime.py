@@ -16,6 +16,7 @@ from typing import Any
 
 import pykka
 import structlog
+
 from steerable.protocol import (
     AgentError,
     AgentSpec,

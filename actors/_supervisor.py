@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 import structlog
+
 from steerable.protocol import (
     HOOK_EVENTS,
     AgentError,

@@ -26,6 +26,7 @@ import msgpack
 import pydantic
 import structlog
 from pydantic_core import PydanticUndefined, to_jsonable_python
+
 from steerable.protocol._capabilities import SideEffect, ToolSpec
 from steerable.protocol._errors import AgentError, ErrorCode, SteerableError
 

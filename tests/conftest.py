@@ -30,7 +30,10 @@ def no_thread_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         t.join(timeout=5.0)
     leaked = {t for t in leaked if t.is_alive()}
     assert not leaked, f"steerable threads left alive: {sorted(t.name for t in leaked)}"
-    actors = [ref for ref in pykka.ActorRegistry.get_all()
-              if type(ref.actor_class).__module__.startswith("steerable")
-              or ref.actor_class.__module__.startswith("steerable")]
+    actors = [
+        ref
+        for ref in pykka.ActorRegistry.get_all()
+        if type(ref.actor_class).__module__.startswith("steerable")
+        or ref.actor_class.__module__.startswith("steerable")
+    ]
     assert not actors, f"steerable actors left registered: {actors}"
