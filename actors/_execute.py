@@ -208,8 +208,14 @@ class ExecutionMixin(MachineBase):
                         self.steps += 1  # R27: a validated, approved execution is one tool step
                     call.first_dispatch = now
                     self._dispatch_attempt(call, now)
-        if self._running == 0 and all(c.status is CallStatus.DONE for c in self.plan):
+        if self._running:
+            return
+        if all(c.status is CallStatus.DONE for c in self.plan):
             self._plan_complete(now)
+        elif self.state is RunState.WAITING and self._parked_revision != self.revision:
+            # Only approvals are left: a safe boundary where the run waits for a person.
+            self._checkpoint()
+            self._parked_revision = self.revision
 
     def _dispatch_attempt(self, call: Call, now: float) -> None:
         call.attempt += 1

@@ -28,6 +28,7 @@ from steerable.protocol import (
     ErrorCode,
     EventKind,
     Finish,
+    ForkOrigin,
     HostMessage,
     Phase,
     Plan,
@@ -165,11 +166,27 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         self._phase_seconds: dict[str, float] = {}
         self._started_at = 0.0
         self._now = 0.0
+        self._deadline_left: float | None = None
+        self._parked_revision = -2
+        self.forked_from: ForkOrigin | None = None
 
     @property
     def is_terminal(self) -> bool:
         """Whether the run has reached a terminal state."""
         return self.state.is_terminal
+
+    @property
+    def parked(self) -> bool:
+        """Waiting for a person with nothing in flight, and checkpointed as such.
+
+        A parked run can be passivated: its supervisor stops and its next message wakes it
+        from the checkpoint (MISSION.md "Passivation").
+        """
+        return (
+            self.state is RunState.WAITING
+            and not self.in_flight
+            and self._parked_revision == self.revision
+        )
 
     @property
     def in_flight(self) -> bool:
@@ -371,6 +388,7 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         self.waiting_for = WaitingFor.USER
         self._set_state(RunState.WAITING, question=decision.question)
         self._checkpoint()
+        self._parked_revision = self.revision
 
     def _boundary(self, now: float) -> None:
         """A safe boundary: apply the inbox, check budgets, checkpoint, then reason."""

@@ -191,6 +191,8 @@ class MachineBase:
     _phase_seconds: dict[str, float]
     _started_at: float
     _now: float
+    _deadline_left: float | None
+    _parked_revision: int
 
     # Loop methods the other parts call (defined in `_machine.py`).
     def _boundary(self, now: float) -> None:
@@ -215,4 +217,16 @@ class MachineBase:
         raise NotImplementedError
 
     def host(self, msg: HostMessage, now: float) -> None:
+        raise NotImplementedError
+
+    # Execution methods the persistence part calls (defined in `_execute.py`).
+    def _after_call(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _complete(
+        self, call: Call, value: Any, error: AgentError | None, now: float, *, advance: bool = True
+    ) -> None:
+        raise NotImplementedError
+
+    def pending_approvals(self) -> list[Call]:
         raise NotImplementedError

@@ -3,15 +3,30 @@ restore/resume of a run from a stored checkpoint (R21, R3: same run id, revision
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from steerable.protocol import (
+    AgentError,
+    CallStatus,
+    ErrorCode,
+    EventKind,
+    ForkOrigin,
+    HostMessage,
+    Phase,
+    PlannedCall,
     RunMetrics,
     RunOutcome,
     RunState,
+    SubagentResult,
+    ToolResult,
+    WaitingFor,
 )
+from steerable.protocol._ids import idempotency_key
 
-from ._machine_base import MachineBase
+from ._effects import TimerKind
+from ._machine_base import RUN_KEY, Call, MachineBase, Stage
+from ._store import StoredRun
 
 __all__ = ["PersistenceMixin"]
 
@@ -64,7 +79,9 @@ class PersistenceMixin(MachineBase):
             "task_id": self.task_id,
             "parent_run_id": self.parent_run_id,
             "depth": self.depth,
-            "forked_from": None,
+            "forked_from": None
+            if self.forked_from is None
+            else self.forked_from.model_dump(mode="json"),
             "task": self.task,
             "agent": self.agent,
             "state": self.state.value,
@@ -91,3 +108,170 @@ class PersistenceMixin(MachineBase):
             "created_at": self.created_at,
             "updated_at": self.created_at,
         }
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, stored: StoredRun, *, fork: ForkOrigin | None = None) -> None:
+        """Load a stored run into this (fresh) machine, without acting.
+
+        For a resume (R3, R21) the run keeps its id and continues at revision + 1. For a
+        fork (R23) this machine has a new run id: the origin's history is copied, calls
+        without a result start afresh with this run's keys, and approvals are asked again.
+        """
+        snap = stored.snapshot
+        self.transcript = list(stored.transcript)
+        self._checkpointed_len = 0 if fork is not None else len(self.transcript)
+        self.model_calls = snap.model_calls
+        self.steps = snap.steps
+        self.decisions = snap.decisions
+        self.usage = snap.usage
+        metrics = snap.metrics
+        for key in self._m:
+            self._m[key] = getattr(metrics, key)
+        self._phase_seconds = dict(metrics.phase_seconds)
+        self.forked_from = fork if fork is not None else snap.forked_from
+        if fork is not None:
+            self.plan = [self._fresh_call(pc) for pc in snap.plan]
+            return
+        self.state = snap.state
+        self.waiting_for = snap.waiting_for
+        self.errors = list(snap.errors)
+        self.output = snap.output
+        self.revision = snap.revision
+        self.last_seq = snap.last_seq
+        self._pending = list(snap.pending_messages)
+        self.plan = [self._restored_call(pc, stored.journal.get(pc.call_id)) for pc in snap.plan]
+        self._deadline_left = snap.deadline_left
+
+    def _restored_call(self, pc: PlannedCall, result: ToolResult | SubagentResult | None) -> Call:
+        tool = self.tools.get(pc.name) if pc.kind == "tool" else None
+        call = Call(
+            len(self.plan),
+            pc.call_id,
+            pc.kind,
+            pc.name,
+            dict(pc.arguments),
+            pc.idempotency_key,
+            None if tool is None else tool.spec,
+        )
+        call.status = pc.status
+        call.attempt = pc.attempts
+        call.counted = pc.status in (CallStatus.RUNNING, CallStatus.DONE) and pc.attempts > 0
+        if result is not None:
+            call.status = CallStatus.DONE
+            call.result = result
+        return call
+
+    def _fresh_call(self, pc: PlannedCall) -> Call:
+        tool = self.tools.get(pc.name) if pc.kind == "tool" else None
+        key = idempotency_key(self.run_id, pc.call_id)
+        call = Call(
+            0,
+            pc.call_id,
+            pc.kind,
+            pc.name,
+            dict(pc.arguments),
+            key,
+            None if tool is None else tool.spec,
+        )
+        if call.needs_approval:
+            call.status = CallStatus.AWAITING_APPROVAL  # R23: approvals are not carried over
+        return call
+
+    def resume(
+        self, now: float, messages: Sequence[HostMessage] = (), *, wake: bool = False
+    ) -> None:
+        """Continue a restored run from where its checkpoint stood.
+
+        Calls without a recorded result are re-dispatched with their original idempotency key
+        when their tool is side-effect free, idempotent or honours keys; other writes give the
+        agent `side_effect_unknown` (API.md "Safe boundaries and checkpoints"). Host messages
+        accepted after the checkpoint are applied in seq order.
+
+        A `wake` (the same process reviving a passivated run) announces nothing: the host's
+        view of the run (events, pending approvals) never changed.
+        """
+        self._started_at = now
+        self._now = now
+        if self.state.is_terminal:
+            self.fx.settled(self.outcome())
+            return
+        left = getattr(self, "_deadline_left", None)
+        if self.config.total_timeout is not None:
+            self.deadline = now + (self.config.total_timeout if left is None else left)
+            self.fx.schedule(TimerKind.RUN_DEADLINE, RUN_KEY, 0, self.deadline)
+        if self.state is RunState.IDLE:
+            self._set_state(RunState.RUNNING)
+        if not wake:
+            self.fx.emit(
+                EventKind.RUN_STARTED,
+                Phase.LOAD,
+                {
+                    "task": self.task,
+                    "agent": self.agent,
+                    "depth": self.depth,
+                    "resumed_from": self.revision,
+                    "forked_from": None
+                    if self.forked_from is None
+                    else self.forked_from.model_dump(mode="json"),
+                },
+            )
+        if self.plan:
+            self._stage = Stage.EXECUTING
+            self._exec_started = now
+            for call in self.plan:
+                self._settle_restored(call, now, announce=not wake)
+        elif self.state is RunState.WAITING and self.waiting_for is WaitingFor.USER:
+            self._stage = Stage.WAITING_USER
+        else:
+            self._stage = Stage.IDLE
+        for message in sorted(messages, key=lambda m: m.seq):
+            self.host(message, now)
+        if self._stage is Stage.DONE:
+            return
+        if self._stage is Stage.WAITING_USER:
+            self._parked_revision = self.revision  # its checkpoint is the waiting one
+        elif self._stage is Stage.EXECUTING:
+            if self.pending_approvals() and self.state is not RunState.WAITING:
+                self.waiting_for = WaitingFor.APPROVAL
+                self._set_state(RunState.WAITING)
+            self._after_call(now)
+        elif self._stage is Stage.IDLE:
+            self._boundary(now)
+
+    def _settle_restored(self, call: Call, now: float, *, announce: bool) -> None:
+        """Decide what happens to one call of a restored plan."""
+        if call.status is CallStatus.AWAITING_APPROVAL:
+            if not announce:
+                return
+            self.fx.emit(
+                EventKind.APPROVAL_REQUESTED,
+                Phase.EXECUTE,
+                {"call_id": call.call_id, "tool": call.name, "arguments": call.arguments},
+            )
+            return
+        if call.status is not CallStatus.RUNNING:
+            return
+        spec = call.spec
+        if spec is not None and spec.redispatch_safe:
+            call.status = CallStatus.PENDING  # re-dispatched with the same key, same step
+            return
+        self._running += 1  # _complete counts it back down
+        if spec is None:
+            error = AgentError.of(
+                ErrorCode.UNKNOWN_TOOL,
+                f"no tool named {call.name!r} after resume",
+                tool=call.name,
+                call_id=call.call_id,
+            )
+        else:
+            error = AgentError.of(
+                ErrorCode.SIDE_EFFECT_UNKNOWN,
+                f"{call.name} was running when the process stopped; its side effect may or "
+                "may not have happened",
+                tool=call.name,
+                call_id=call.call_id,
+                idempotency_key=call.key,
+                side_effect="unknown",
+            )
+        self._complete(call, None, error, now, advance=False)

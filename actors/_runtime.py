@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pykka
@@ -23,10 +23,13 @@ from steerable.protocol import (
     CapabilitySnapshot,
     Compatibility,
     ErrorCode,
+    ForkOrigin,
     HookName,
     HostMessage,
     RunConfig,
     RunEvent,
+    RunOutcome,
+    RunSnapshot,
     SteerableError,
     SteeringMode,
     new_run_id,
@@ -36,14 +39,16 @@ from steerable.protocol import (
 from ._aloop import AsyncRunner
 from ._cell import RunCell
 from ._clock import Clock, SystemClock
+from ._directory import RunDirectory, RunEntry
 from ._events import EventLog
 from ._handle import RunHandle
 from ._jobs import Accept
 from ._machine import RunMachine
 from ._mux import Dispatcher
 from ._pool import WorkerPool
-from ._store import CheckpointStore, MemoryStore
-from ._supervisor import Begin, HostMsg, RunSupervisor
+from ._replay import Replay, replay_of
+from ._store import CheckpointStore, MemoryStore, RevisionInfo
+from ._supervisor import Begin, RunSupervisor
 from ._timer import TimerService
 from ._tool import Tool, tool
 
@@ -70,14 +75,7 @@ class Services:
     store: CheckpointStore
     hook_timeout: float
     run_ended: Callable[[str], None]
-
-
-@dataclass(slots=True)
-class _Live:
-    cell: RunCell
-    ref: pykka.ActorRef[RunSupervisor]
-    config: RunConfig
-    children: list[str] = field(default_factory=list)
+    park: Callable[[RunSupervisor], None]
 
 
 def agent_name(agent: Agent) -> str:
@@ -108,6 +106,8 @@ class Runtime:
         hook_timeout: Seconds a run waits for its hooks before giving up on them. Default 5.
         thread_stack_size: If set, calls `threading.stack_size()` with it (process-global!)
             before starting threads. Default None: the process's setting is left alone.
+        passivate: Runs waiting for a person give up their supervisor and are woken by
+            their next message (MISSION.md "Passivation"). Default True.
     """
 
     def __init__(
@@ -124,6 +124,7 @@ class Runtime:
         dispatcher_threads: int = 1,
         hook_timeout: float = 5.0,
         thread_stack_size: int | None = None,
+        passivate: bool = True,
     ) -> None:
         if thread_stack_size is not None:
             threading.stack_size(thread_stack_size)
@@ -137,10 +138,7 @@ class Runtime:
         self.config = config or RunConfig()
         self._hooks: dict[HookName, list[Hook]] = {}
         self._lock = threading.Lock()
-        self._runs: dict[str, _Live] = {}
         self._closed = False
-        self._runs_started = 0
-        self._runs_ended = 0
         dispatcher = Dispatcher(threads=dispatcher_threads, name="steerable-dispatch")
         timer = TimerService(self.clock, name="steerable-timer")
         pool = WorkerPool(
@@ -160,7 +158,9 @@ class Runtime:
             store=self.store,
             hook_timeout=hook_timeout,
             run_ended=self._run_ended,
+            park=self._park,
         )
+        self.directory = RunDirectory(self.services, passivate=passivate)
         dispatcher.start()
         timer.start()
         pool.start()
@@ -217,26 +217,18 @@ class Runtime:
         Raises:
             SteerableError: code `run_ended` if the runtime is shut down.
         """
-        if not callable(getattr(agent, "decide", None)):
-            raise TypeError(f"agent {agent!r} has no decide(view) method")
-        run_tools = dict(self.tools)
-        for t in tools or ():
-            wrapped = _as_tool(t)
-            run_tools[wrapped.spec.name] = wrapped
-        cfg = config or self.config
         run_id = new_run_id()
         trace_id = new_trace_id()
-        cell = RunCell(run_id, trace_id, None, EventLog(trace_id))
-        name = agent_name(agent)
-        capabilities = CapabilitySnapshot.of(
-            [t.spec for t in run_tools.values()],
-            [AgentSpec(name=name, version=str(getattr(agent, "version", "1")))]
-            + [
-                AgentSpec(name=n, version=str(getattr(a, "version", "1")))
-                for n, a in self.agents.items()
-            ],
+        entry = self._entry(
+            RunCell(run_id, trace_id, None, EventLog(trace_id)),
+            agent,
+            config or self.config,
+            accept,
+            hooks,
+            compatibility,
+            tools,
         )
-        merged = self._merge_hooks(hooks)
+        created = self.clock.wall()
 
         def factory(sup: RunSupervisor) -> RunMachine:
             return RunMachine(
@@ -244,57 +236,172 @@ class Runtime:
                 run_id=run_id,
                 trace_id=trace_id,
                 task=task,
-                agent=name,
-                config=cfg,
-                tools=run_tools,
-                capabilities=capabilities,
+                agent=entry.agent_name,
+                config=entry.config,
+                tools=entry.tools,
+                capabilities=entry.capabilities,
                 compatibility=compatibility,
                 session_id=session_id,
                 task_id=task_id,
-                created_at=self.clock.wall(),
+                created_at=created,
             )
 
-        with self._lock:
-            if self._closed:
-                raise _shut_down()
-            ref = RunSupervisor.start(
-                services=self.services,
-                cell=cell,
-                machine_factory=factory,
-                agent=agent,
-                accept=accept,
-                tools=run_tools,
-                hooks=merged,
+        self.directory.launch(entry, factory, Begin())
+        return RunHandle(self, entry.cell)
+
+    def resume(
+        self,
+        run_id: str,
+        *,
+        agent: Agent,
+        accept: Accept | None = None,
+        hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None = None,
+        compatibility: Compatibility | None = None,
+        tools: Iterable[Tool[Any, Any] | Callable[..., Any]] | None = None,
+        override: bool = False,
+    ) -> RunHandle:
+        """Continue a stored run (e.g. in a new process): same run id, revision + 1 (R3, R21).
+
+        Before resuming, the checkpoint's capability snapshot (tools with their schemas and
+        side effects, agents) and the host's fingerprints are compared with this runtime's
+        (R22). Calls without a recorded result are re-dispatched with their original
+        idempotency key when that is safe; other writes give the agent `side_effect_unknown`.
+        A run that is already terminal gets a handle whose `result()` is its outcome.
+
+        Args:
+            run_id: The run to resume.
+            agent: The agent that continues it.
+            accept: The delivery check (R9).
+            hooks: Per-run hooks, added to the runtime's.
+            compatibility: The host's fingerprints now; compared with the checkpoint's.
+            tools: Extra tools for this run.
+            override: Resume even if the comparison finds differences (they are logged).
+
+        Raises:
+            SteerableError: `not_found`, `checkpoint_corrupt`, `checkpoint_incompatible` (a
+                newer format, or different host fingerprints), `capability_mismatch`.
+        """
+        live = self.directory.get(run_id)
+        if live is not None:
+            return RunHandle(self, live.cell)
+        stored = self.store.load(run_id)
+        snap = stored.snapshot
+        cell = RunCell(
+            run_id,
+            snap.trace_id,
+            snap.parent_run_id,
+            EventLog(snap.trace_id),
+            next_seq=max([snap.last_seq, *(m.seq for m in stored.messages)]) + 1,
+        )
+        cell.revision = snap.revision
+        entry = self._entry(cell, agent, snap.config, accept, hooks, compatibility, tools)
+        self._check_compatible(snap, entry, compatibility, override)
+        if snap.state.is_terminal:
+            cell.settle(
+                RunOutcome(
+                    run_id=run_id,
+                    state=snap.state,
+                    output=snap.output,
+                    errors=snap.errors,
+                    metrics=snap.metrics,
+                    revision=snap.revision,
+                )
             )
-            self._runs[run_id] = _Live(cell, ref, cfg)
-            self._runs_started += 1
-        ref.tell(Begin())
+            return RunHandle(self, cell)
+        cell.state = snap.state
+        self.directory.launch(
+            entry,
+            self.directory.restored_machine(entry, stored),
+            Begin(resume=True, messages=tuple(stored.messages)),
+        )
         return RunHandle(self, cell)
 
+    def fork(
+        self,
+        run_id: str,
+        revision: int | None = None,
+        *,
+        agent: Agent,
+        config: RunConfig | None = None,
+        accept: Accept | None = None,
+        hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None = None,
+        tools: Iterable[Tool[Any, Any] | Callable[..., Any]] | None = None,
+    ) -> RunHandle:
+        """Start a new run from a revision of another (time travel, R23).
+
+        The fork has a new run id, records `forked_from`, keeps the origin's transcript and
+        counters, and gives calls without a result new idempotency keys: re-executing a side
+        effect is an explicit new write. Approvals are not carried over.
+
+        Raises:
+            SteerableError: `not_found` for an unknown run or revision.
+        """
+        stored = self.store.load(run_id, revision)
+        snap = stored.snapshot
+        new_id = new_run_id()
+        trace_id = new_trace_id()
+        entry = self._entry(
+            RunCell(new_id, trace_id, None, EventLog(trace_id)),
+            agent,
+            config or snap.config,
+            accept,
+            hooks,
+            None,
+            tools,
+        )
+        origin = ForkOrigin(run_id=run_id, revision=snap.revision)
+        self.directory.launch(
+            entry,
+            self.directory.restored_machine(
+                entry, stored, fork=origin, run_id=new_id, config=entry.config
+            ),
+            Begin(resume=True),
+        )
+        return RunHandle(self, entry.cell)
+
+    def replay(self, run_id: str, revision: int | None = None) -> Replay:
+        """A run's transcript and events up to `revision` (default: the latest), read-only.
+
+        Nothing is executed: no agent, tool or hook is called (R23).
+        """
+        return replay_of(self.store.load(run_id, revision))
+
+    def revisions(self, run_id: str) -> list[RevisionInfo]:
+        """Every stored revision of a run, oldest first."""
+        return self.store.revisions(run_id)
+
+    def unfinished(self) -> list[str]:
+        """Ids of stored runs that are not terminal and not live here (candidates to resume)."""
+        return [
+            r.run_id
+            for r in self.store.runs()
+            if not r.state.is_terminal and self.directory.get(r.run_id) is None
+        ]
+
     def handle(self, run_id: str) -> RunHandle:
-        """A handle on a live run.
+        """A handle on a live run (active or passivated).
 
         Raises:
             SteerableError: code `not_found` if no live run has this id.
         """
-        with self._lock:
-            live = self._runs.get(run_id)
-        if live is None:
+        entry = self.directory.get(run_id)
+        if entry is None:
             raise SteerableError(
                 AgentError.of(ErrorCode.NOT_FOUND, f"no live run {run_id!r}", run_id=run_id)
             )
-        return RunHandle(self, live.cell)
+        return RunHandle(self, entry.cell)
 
     def statistics(self) -> dict[str, int]:
         """Runtime-level metrics (R28): runs, threads, workers, timers, queue depths."""
         pool = self.services.pool.statistics()
         dispatcher = self.services.dispatcher.statistics()
-        with self._lock:
-            live = len(self._runs)
+        active, passivated = self.directory.counts()
         return {
-            "runs_active": live,
-            "runs_started": self._runs_started,
-            "runs_ended": self._runs_ended,
+            "runs_active": active,
+            "runs_passivated": passivated,
+            "runs_started": self.directory.started,
+            "runs_ended": self.directory.ended,
+            "runs_woken": self.directory.wakes,
             "threads_total": threading.active_count(),
             "workers_live": pool["workers_live"],
             "workers_busy": pool["workers_busy"],
@@ -325,22 +432,24 @@ class Runtime:
             if self._closed:
                 return []
             self._closed = True
-            live = list(self._runs.values())
         deadline = self.clock.now() + timeout
+        live = self.directory.entries()
         if cancel_runs:
-            for run in live:
-                RunHandle(self, run.cell).cancel("runtime shutdown")
-            for run in live:
+            for entry in live:
+                RunHandle(self, entry.cell).cancel("runtime shutdown")
+            for entry in live:
                 try:
-                    run.cell.future.result(max(0.0, deadline - self.clock.now()))
+                    entry.cell.future.result(max(0.0, deadline - self.clock.now()))
                 except TimeoutError:
-                    _log.warning("run_not_settled_at_shutdown", run_id=run.cell.run_id)
-        for run in live:
-            if not run.cell.future.done():
-                run.cell.future.set_exception(_shut_down())
-                run.cell.events.close()
-            with contextlib.suppress(pykka.ActorDeadError):
-                run.ref.stop(block=False)
+                    _log.warning("run_not_settled_at_shutdown", run_id=entry.cell.run_id)
+        for entry in self.directory.close():
+            if not entry.cell.future.done():
+                entry.cell.future.set_exception(_shut_down())
+                entry.cell.events.close()
+            ref = entry.ref
+            if ref is not None:
+                with contextlib.suppress(pykka.ActorDeadError):
+                    ref.stop(block=False)
         services = self.services
         services.dispatcher.stop(timeout=max(0.1, deadline - self.clock.now()))
         services.timer.stop(timeout=max(0.1, deadline - self.clock.now()))
@@ -360,6 +469,79 @@ class Runtime:
 
     # ------------------------------------------------------------------ internals
 
+    def _entry(
+        self,
+        cell: RunCell,
+        agent: Agent,
+        config: RunConfig,
+        accept: Accept | None,
+        hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None,
+        compatibility: Compatibility | None,
+        tools: Iterable[Tool[Any, Any] | Callable[..., Any]] | None,
+    ) -> RunEntry:
+        if not callable(getattr(agent, "decide", None)):
+            raise TypeError(f"agent {agent!r} has no decide(view) method")
+        if self._closed:
+            raise _shut_down()
+        run_tools = dict(self.tools)
+        for t in tools or ():
+            wrapped = _as_tool(t)
+            run_tools[wrapped.spec.name] = wrapped
+        name = agent_name(agent)
+        capabilities = CapabilitySnapshot.of(
+            [t.spec for t in run_tools.values()],
+            [AgentSpec(name=name, version=str(getattr(agent, "version", "1")))]
+            + [
+                AgentSpec(name=n, version=str(getattr(a, "version", "1")))
+                for n, a in self.agents.items()
+                if n != name
+            ],
+        )
+        return RunEntry(
+            cell=cell,
+            config=config,
+            agent=agent,
+            agent_name=name,
+            accept=accept,
+            tools=run_tools,
+            hooks=self._merge_hooks(hooks),
+            capabilities=capabilities,
+            compatibility=compatibility,
+        )
+
+    def _check_compatible(
+        self,
+        snap: RunSnapshot,
+        entry: RunEntry,
+        compatibility: Compatibility | None,
+        override: bool,
+    ) -> None:
+        """R22: refuse an incompatible resume with the differences, never guess."""
+        diffs = snap.capabilities.differences(entry.capabilities)
+        if diffs and not override:
+            raise SteerableError(
+                AgentError.of(
+                    ErrorCode.CAPABILITY_MISMATCH,
+                    f"run {snap.run_id} was checkpointed with other capabilities: "
+                    + "; ".join(diffs),
+                    run_id=snap.run_id,
+                    differences=diffs,
+                )
+            )
+        compat = snap.compatibility.differences(compatibility) if compatibility else []
+        if compat and not override:
+            raise SteerableError(
+                AgentError.of(
+                    ErrorCode.CHECKPOINT_INCOMPATIBLE,
+                    f"run {snap.run_id} was started for another task/policy/profile/inputs: "
+                    + "; ".join(compat),
+                    run_id=snap.run_id,
+                    differences=compat,
+                )
+            )
+        if (diffs or compat) and override:
+            _log.warning("resume_override", run_id=snap.run_id, differences=diffs + compat)
+
     def _merge_hooks(
         self, hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None
     ) -> dict[HookName, list[Hook]]:
@@ -371,41 +553,17 @@ class Runtime:
         return merged
 
     def _steering(self, handle: RunHandle) -> SteeringMode:
-        with self._lock:
-            live = self._runs.get(handle.run_id)
-        return live.config.steering if live is not None else SteeringMode.QUEUE
+        entry = self.directory.get(handle.run_id)
+        return entry.config.steering if entry is not None else SteeringMode.QUEUE
 
     def _post(self, cell: RunCell, build: Callable[[int], HostMessage]) -> HostMessage:
-        with self._lock:
-            live = self._runs.get(cell.run_id)
-        if live is None:
-            raise SteerableError(
-                AgentError.of(
-                    ErrorCode.RUN_ENDED, f"run {cell.run_id} is not live", run_id=cell.run_id
-                )
-            )
-        ref = live.ref
-        store = self.store
-
-        def deliver(message: HostMessage) -> None:
-            store.append_message(cell.run_id, message)  # durable before send() returns
-            try:
-                ref.tell(HostMsg(message))
-            except pykka.ActorDeadError:
-                raise SteerableError(
-                    AgentError.of(
-                        ErrorCode.RUN_ENDED,
-                        f"run {cell.run_id} ended",
-                        run_id=cell.run_id,
-                    )
-                ) from None
-
-        return cell.accept(build, deliver)
+        return self.directory.post(cell, build)
 
     def _run_ended(self, run_id: str) -> None:
-        with self._lock:
-            if self._runs.pop(run_id, None) is not None:
-                self._runs_ended += 1
+        self.directory.ended_run(run_id)
+
+    def _park(self, sup: RunSupervisor) -> None:
+        self.directory.park(sup)
 
 
 def _shut_down() -> SteerableError:

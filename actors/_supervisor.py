@@ -52,9 +52,11 @@ _log = structlog.get_logger("steerable.supervisor")
 
 @dataclass(slots=True)
 class Begin:
-    """Message: start (or resume) the run."""
+    """Message: start the run, or resume a restored one with the messages stored since."""
 
     resume: bool = False
+    messages: tuple[HostMessage, ...] = ()
+    wake: bool = False
 
 
 @dataclass(slots=True)
@@ -151,8 +153,13 @@ class RunSupervisor(SteerableActor, MuxActor):
         elif isinstance(message, HookDone):
             self._hook_done(message.errors)
         elif isinstance(message, Begin):
-            machine.start(now)
+            if message.resume:
+                machine.resume(now, message.messages, wake=message.wake)
+            else:
+                machine.start(now)
         self.cell.state = machine.state
+        if machine.parked and not self._hooks_pending and not self._work:
+            self.services.park(self)
         return None
 
     def on_handler_error(self, message: object, exc: BaseException) -> None:
