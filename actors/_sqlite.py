@@ -13,6 +13,7 @@ import os
 import queue
 import sqlite3
 import threading
+import zlib
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -53,22 +54,38 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, parent_run_id TEXT, task TEXT NOT NULL, agent TEXT NOT NULL,
     state TEXT NOT NULL, revision INTEGER NOT NULL, updated_at REAL NOT NULL,
-    static BLOB NOT NULL);
+    static BLOB NOT NULL, crc INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS revisions (
-    run_id TEXT NOT NULL, revision INTEGER NOT NULL, snapshot BLOB NOT NULL,
+    run_id TEXT NOT NULL, revision INTEGER NOT NULL, snapshot BLOB NOT NULL, crc INTEGER NOT NULL,
     PRIMARY KEY (run_id, revision)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS entries (
-    run_id TEXT NOT NULL, idx INTEGER NOT NULL, entry BLOB NOT NULL,
+    run_id TEXT NOT NULL, idx INTEGER NOT NULL, entry BLOB NOT NULL, crc INTEGER NOT NULL,
     PRIMARY KEY (run_id, idx)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS inbox (
-    run_id TEXT NOT NULL, seq INTEGER NOT NULL, message BLOB NOT NULL,
+    run_id TEXT NOT NULL, seq INTEGER NOT NULL, message BLOB NOT NULL, crc INTEGER NOT NULL,
     PRIMARY KEY (run_id, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS journal (
-    run_id TEXT NOT NULL, call_id TEXT NOT NULL, result BLOB NOT NULL,
+    run_id TEXT NOT NULL, call_id TEXT NOT NULL, result BLOB NOT NULL, crc INTEGER NOT NULL,
     PRIMARY KEY (run_id, call_id)) WITHOUT ROWID;
 """
 
 _STOP = object()
+
+
+def _crc(blob: bytes) -> int:
+    return zlib.crc32(blob)
+
+
+def _checked(blob: bytes, crc: int, run_id: str, what: str) -> bytes:
+    """The row's bytes, if their checksum holds (the codec alone cannot see a flipped bit
+    inside a string or a number)."""
+    if not isinstance(blob, bytes) or zlib.crc32(blob) != crc:
+        raise _corrupt(
+            f"run {run_id}: {what} fails its checksum (damaged or truncated row)",
+            run_id=run_id,
+            row=what,
+        )
+    return blob
 
 
 def default_db_path() -> Path:
@@ -107,8 +124,9 @@ class SqliteStore(CheckpointStore):
 
     durable = True
 
-    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "NORMAL",
-                 max_batch: int = 512) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, synchronous: str = "NORMAL", max_batch: int = 512
+    ) -> None:
         if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
             raise ValueError(f"unknown synchronous mode {synchronous!r}")
         self.path = Path(path)
@@ -124,15 +142,17 @@ class SqliteStore(CheckpointStore):
         conn = self._connect()
         self._init_schema(conn)
         self._writer_conn = conn
-        self._thread = threading.Thread(target=self._write_loop, name="steerable-sqlite",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._write_loop, name="steerable-sqlite", daemon=True
+        )
         self._thread.start()
 
     # ------------------------------------------------------------------ connections
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
-                               check_same_thread=False)
+        conn = sqlite3.connect(
+            self.path, timeout=30.0, isolation_level=None, check_same_thread=False
+        )
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute("PRAGMA busy_timeout=30000")
@@ -144,13 +164,16 @@ class SqliteStore(CheckpointStore):
         try:
             row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
-                conn.execute("INSERT INTO meta VALUES ('schema_version', ?)",
-                             (str(SCHEMA_VERSION),))
+                conn.execute(
+                    "INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                )
             elif int(row[0]) > SCHEMA_VERSION:
                 raise _incompatible(
                     f"{self.path} was written by a newer steerable (schema {row[0]} > "
                     f"{SCHEMA_VERSION}); upgrade steerable to open it",
-                    schema_version=int(row[0]), supported=SCHEMA_VERSION)
+                    schema_version=int(row[0]),
+                    supported=SCHEMA_VERSION,
+                )
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -170,8 +193,11 @@ class SqliteStore(CheckpointStore):
         if self._closed:
             raise SteerableError(AgentError.of(ErrorCode.RUN_ENDED, "the store is closed"))
         if self._failed is not None:
-            raise SteerableError(AgentError.of(
-                ErrorCode.INTERNAL_ERROR, f"the store's writer failed: {self._failed!r}"))
+            raise SteerableError(
+                AgentError.of(
+                    ErrorCode.INTERNAL_ERROR, f"the store's writer failed: {self._failed!r}"
+                )
+            )
         if not wait:
             self._queue.put((op, None))
             return
@@ -181,19 +207,26 @@ class SqliteStore(CheckpointStore):
 
     def append_message(self, run_id: str, message: HostMessage) -> None:
         """Store a host message; returns once it is committed (durable steering)."""
-        self._submit(("inbox", run_id, message.seq, encode(message, kind="host_message")),
-                     wait=True)
+        self._submit(
+            ("inbox", run_id, message.seq, encode(message, kind="host_message")), wait=True
+        )
 
     def journal(self, run_id: str, result: ToolResult) -> None:
         """Queue a tool result for the journal (committed in the next batch)."""
-        self._submit(("journal", run_id, result.call_id, encode(result, kind="entry")),
-                     wait=False)
+        self._submit(("journal", run_id, result.call_id, encode(result, kind="entry")), wait=False)
 
-    def write_checkpoint(self, run_id: str, revision: int, snapshot: dict[str, Any],
-                         entries_from: int, entries: Sequence[TranscriptEntry]) -> None:
+    def write_checkpoint(
+        self,
+        run_id: str,
+        revision: int,
+        snapshot: dict[str, Any],
+        entries_from: int,
+        entries: Sequence[TranscriptEntry],
+    ) -> None:
         """Queue a checkpoint; encoded and committed on the writer thread."""
-        self._submit(("checkpoint", run_id, revision, snapshot, entries_from, list(entries)),
-                     wait=False)
+        self._submit(
+            ("checkpoint", run_id, revision, snapshot, entries_from, list(entries)), wait=False
+        )
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued write is committed."""
@@ -258,8 +291,11 @@ class SqliteStore(CheckpointStore):
                 self._failed = exc
             for _, done in batch:
                 if done is not None and not done.done():
-                    done.set_exception(SteerableError(AgentError.of(
-                        ErrorCode.INTERNAL_ERROR, f"storing failed: {exc!r}")))
+                    done.set_exception(
+                        SteerableError(
+                            AgentError.of(ErrorCode.INTERNAL_ERROR, f"storing failed: {exc!r}")
+                        )
+                    )
             return
         for _, done in batch:
             if done is not None and not done.done():
@@ -268,106 +304,190 @@ class SqliteStore(CheckpointStore):
     def _apply(self, conn: sqlite3.Connection, op: tuple[Any, ...]) -> None:
         kind = op[0]
         if kind == "checkpoint":
-            _, run_id, revision, snapshot, entries_from, entries = op
-            static, dynamic = split_snapshot(snapshot)
-            if run_id not in self._static_written:
-                # Once per run and process: config, capabilities and the task never change
-                # while a run lives, so revisions store only what does (W4: bytes <= 3x).
-                conn.execute(
-                    "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(run_id) DO UPDATE "
-                    "SET state=excluded.state, revision=excluded.revision, "
-                    "updated_at=excluded.updated_at, static=excluded.static",
-                    (run_id, snapshot["parent_run_id"], snapshot["task"], snapshot["agent"],
-                     snapshot["state"], revision, snapshot["updated_at"],
-                     encode_body("snapshot", static)))
-                self._static_written.add(run_id)
-            else:
-                conn.execute("UPDATE runs SET state=?, revision=?, updated_at=? WHERE run_id=?",
-                             (snapshot["state"], revision, snapshot["updated_at"], run_id))
-            conn.execute("INSERT OR REPLACE INTO revisions VALUES (?,?,?)",
-                         (run_id, revision, encode_body("snapshot", dynamic)))
-            if entries:
-                conn.execute("DELETE FROM entries WHERE run_id=? AND idx>=?",
-                             (run_id, entries_from))
-                conn.executemany("INSERT INTO entries VALUES (?,?,?)", [
-                    (run_id, entries_from + i, encode(e, kind="entry"))
-                    for i, e in enumerate(entries)])
-            if not snapshot["plan"]:
-                conn.execute("DELETE FROM journal WHERE run_id=?", (run_id,))
-            if RunState(snapshot["state"]).is_terminal:
-                self._static_written.discard(run_id)
+            self._apply_checkpoint(conn, *op[1:])
         elif kind == "journal":
-            conn.execute("INSERT OR REPLACE INTO journal VALUES (?,?,?)", op[1:])
+            _, run_id, call_id, blob = op
+            conn.execute(
+                "INSERT OR REPLACE INTO journal VALUES (?,?,?,?)",
+                (run_id, call_id, blob, _crc(blob)),
+            )
         elif kind == "inbox":
-            conn.execute("INSERT OR REPLACE INTO inbox VALUES (?,?,?)", op[1:])
+            _, run_id, seq, blob = op
+            conn.execute(
+                "INSERT OR REPLACE INTO inbox VALUES (?,?,?,?)", (run_id, seq, blob, _crc(blob))
+            )
+
+    def _apply_checkpoint(
+        self,
+        conn: sqlite3.Connection,
+        run_id: str,
+        revision: int,
+        snapshot: dict[str, Any],
+        entries_from: int,
+        entries: list[TranscriptEntry],
+    ) -> None:
+        static, dynamic = split_snapshot(snapshot)
+        if run_id not in self._static_written:
+            # Once per run and process: config, capabilities and the task never change while
+            # a run lives, so revisions store only what does (W4: bytes <= 3x the transcript).
+            blob = encode_body("snapshot", static)
+            conn.execute(
+                "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(run_id) DO UPDATE "
+                "SET state=excluded.state, revision=excluded.revision, "
+                "updated_at=excluded.updated_at, static=excluded.static, crc=excluded.crc",
+                (
+                    run_id,
+                    snapshot["parent_run_id"],
+                    snapshot["task"],
+                    snapshot["agent"],
+                    snapshot["state"],
+                    revision,
+                    snapshot["updated_at"],
+                    blob,
+                    _crc(blob),
+                ),
+            )
+            self._static_written.add(run_id)
+        else:
+            conn.execute(
+                "UPDATE runs SET state=?, revision=?, updated_at=? WHERE run_id=?",
+                (snapshot["state"], revision, snapshot["updated_at"], run_id),
+            )
+        blob = encode_body("snapshot", dynamic)
+        conn.execute(
+            "INSERT OR REPLACE INTO revisions VALUES (?,?,?,?)",
+            (run_id, revision, blob, _crc(blob)),
+        )
+        if entries:
+            conn.execute("DELETE FROM entries WHERE run_id=? AND idx>=?", (run_id, entries_from))
+            rows = []
+            for i, entry in enumerate(entries):
+                blob = encode(entry, kind="entry")
+                rows.append((run_id, entries_from + i, blob, _crc(blob)))
+            conn.executemany("INSERT INTO entries VALUES (?,?,?,?)", rows)
+        if not snapshot["plan"]:
+            conn.execute("DELETE FROM journal WHERE run_id=?", (run_id,))
+        if RunState(snapshot["state"]).is_terminal:
+            self._static_written.discard(run_id)
 
     # ------------------------------------------------------------------ reads
 
     def load(self, run_id: str, revision: int | None = None) -> StoredRun:
-        """Load a run at `revision` (None: the latest)."""
+        """Load a run at `revision` (None: the latest).
+
+        Raises:
+            SteerableError: `not_found`; `checkpoint_corrupt` for a row whose checksum fails
+                (bit flips, truncation), a missing transcript entry or a record that does not
+                decode; `checkpoint_incompatible` for a newer format.
+        """
         self.flush()
         conn = self._reader()
         conn.execute("BEGIN")
         try:
-            row = conn.execute("SELECT revision, static FROM runs WHERE run_id=?",
-                               (run_id,)).fetchone()
+            row = conn.execute(
+                "SELECT revision, static, crc FROM runs WHERE run_id=?", (run_id,)
+            ).fetchone()
             if row is None:
                 raise not_found(run_id)
-            latest, static_blob = row
+            latest, static_blob, static_crc = row
             wanted = latest if revision is None else revision
-            rev = conn.execute("SELECT snapshot FROM revisions WHERE run_id=? AND revision=?",
-                               (run_id, wanted)).fetchone()
+            rev = conn.execute(
+                "SELECT snapshot, crc FROM revisions WHERE run_id=? AND revision=?",
+                (run_id, wanted),
+            ).fetchone()
             if rev is None:
                 raise not_found(run_id, revision)
-            snapshot = join_snapshot(static_blob, rev[0])
+            snapshot = join_snapshot(
+                _checked(static_blob, static_crc, run_id, "run"),
+                _checked(rev[0], rev[1], run_id, f"revision {wanted}"),
+            )
             entries = conn.execute(
-                "SELECT idx, entry FROM entries WHERE run_id=? AND idx<? ORDER BY idx",
-                (run_id, snapshot.transcript_len)).fetchall()
-            journal: list[tuple[str, bytes]] = []
-            messages: list[tuple[int, bytes]] = []
+                "SELECT idx, entry, crc FROM entries WHERE run_id=? AND idx<? ORDER BY idx",
+                (run_id, snapshot.transcript_len),
+            ).fetchall()
+            journal: list[tuple[str, bytes, int]] = []
+            messages: list[tuple[int, bytes, int]] = []
             if wanted == latest:
-                journal = conn.execute("SELECT call_id, result FROM journal WHERE run_id=?",
-                                       (run_id,)).fetchall()
+                journal = conn.execute(
+                    "SELECT call_id, result, crc FROM journal WHERE run_id=?", (run_id,)
+                ).fetchall()
                 messages = conn.execute(
-                    "SELECT seq, message FROM inbox WHERE run_id=? AND seq>? ORDER BY seq",
-                    (run_id, snapshot.last_seq)).fetchall()
+                    "SELECT seq, message, crc FROM inbox WHERE run_id=? AND seq>? ORDER BY seq",
+                    (run_id, snapshot.last_seq),
+                ).fetchall()
         finally:
             conn.execute("COMMIT")
         if len(entries) != snapshot.transcript_len or any(
-                idx != i for i, (idx, _) in enumerate(entries)):
-            raise _corrupt(f"run {run_id}: transcript has {len(entries)} of "
-                           f"{snapshot.transcript_len} entries", run_id=run_id)
+            idx != i for i, (idx, _, _) in enumerate(entries)
+        ):
+            raise _corrupt(
+                f"run {run_id}: transcript has {len(entries)} of {snapshot.transcript_len} entries",
+                run_id=run_id,
+            )
         return StoredRun(
             snapshot=snapshot,
-            transcript=[decode(blob, kind="entry") for _, blob in entries],
-            journal={cid: decode(blob, kind="entry") for cid, blob in journal},
-            messages=[decode(blob, kind="host_message") for _, blob in messages])
+            transcript=[
+                decode(_checked(b, c, run_id, f"entry {i}"), kind="entry") for i, b, c in entries
+            ],
+            journal={
+                cid: decode(_checked(b, c, run_id, f"journal {cid}"), kind="entry")
+                for cid, b, c in journal
+            },
+            messages=[
+                decode(_checked(b, c, run_id, f"message {seq}"), kind="host_message")
+                for seq, b, c in messages
+            ],
+        )
 
     def revisions(self, run_id: str) -> list[RevisionInfo]:
         """Every revision of a run, oldest first."""
         self.flush()
-        rows = self._reader().execute(
-            "SELECT snapshot FROM revisions WHERE run_id=? ORDER BY revision",
-            (run_id,)).fetchall()
+        rows = (
+            self._reader()
+            .execute(
+                "SELECT snapshot, crc FROM revisions WHERE run_id=? ORDER BY revision", (run_id,)
+            )
+            .fetchall()
+        )
         if not rows:
             raise not_found(run_id)
         out = []
-        for (blob,) in rows:
-            _, body = decode_body(blob, kind="snapshot")
-            out.append(RevisionInfo(run_id=run_id, revision=body["revision"],
-                                    state=RunState(body["state"]),
-                                    transcript_len=body["transcript_len"],
-                                    updated_at=body["updated_at"]))
+        for blob, crc in rows:
+            _, body = decode_body(_checked(blob, crc, run_id, "revision"), kind="snapshot")
+            out.append(
+                RevisionInfo(
+                    run_id=run_id,
+                    revision=body["revision"],
+                    state=RunState(body["state"]),
+                    transcript_len=body["transcript_len"],
+                    updated_at=body["updated_at"],
+                )
+            )
         return out
 
     def runs(self) -> list[RunSummary]:
         """Every run in the store, oldest first (run ids sort by creation time)."""
         self.flush()
-        rows = self._reader().execute(
-            "SELECT run_id, state, revision, task, agent, parent_run_id, updated_at FROM runs "
-            "ORDER BY run_id").fetchall()
-        return [RunSummary(run_id=r[0], state=RunState(r[1]), revision=r[2], task=r[3],
-                           agent=r[4], parent_run_id=r[5], updated_at=r[6]) for r in rows]
+        rows = (
+            self._reader()
+            .execute(
+                "SELECT run_id, state, revision, task, agent, parent_run_id, updated_at FROM runs "
+                "ORDER BY run_id"
+            )
+            .fetchall()
+        )
+        return [
+            RunSummary(
+                run_id=r[0],
+                state=RunState(r[1]),
+                revision=r[2],
+                task=r[3],
+                agent=r[4],
+                parent_run_id=r[5],
+                updated_at=r[6],
+            )
+            for r in rows
+        ]
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
