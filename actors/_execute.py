@@ -318,7 +318,12 @@ class ExecutionMixin(MachineBase):
 
     def _on_tool_timeout(self, call_id: str, attempt: int, now: float) -> None:
         call = self._find(call_id)
-        if call is None or call.status is not CallStatus.RUNNING or call.attempt != attempt:
+        if (
+            call is None
+            or call.status is not CallStatus.RUNNING
+            or call.attempt != attempt
+            or call.retry_pending
+        ):
             return
         # R15: control returns at once; the thread may never return, so it is abandoned.
         self.fx.cancel_work(call_id, "timeout")

@@ -245,7 +245,7 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
             now: Monotonic time.
         """
         self._now = now
-        if not self._model_in_flight or model_call != self.model_calls:
+        if self._stage is Stage.DONE or not self._model_in_flight or model_call != self.model_calls:
             self._m["late_results_dropped"] += 1
             return
         self._model_in_flight = False
@@ -297,7 +297,13 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         """A worker finished attempt `attempt` of call `call_id` (value, or error)."""
         self._now = now
         call = self._find(call_id)
-        if call is None or call.status is not CallStatus.RUNNING or call.attempt != attempt:
+        if (
+            self._stage is Stage.DONE
+            or call is None
+            or call.status is not CallStatus.RUNNING
+            or call.attempt != attempt
+            or call.retry_pending  # this attempt already ended (timed out or failed)
+        ):
             self._m["late_results_dropped"] += 1
             return
         self.fx.unschedule(TimerKind.TOOL_TIMEOUT, call_id)
@@ -322,7 +328,8 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
                 self._on_model_timeout(now)
         elif kind is TimerKind.MODEL_RETRY:
             if self._stage is Stage.IDLE and self.state is RunState.RUNNING:
-                self._reason(now)
+                # No model call in flight: a safe boundary (messages, budgets, checkpoint).
+                self._boundary(now)
         elif kind is TimerKind.RUN_DEADLINE:
             self._on_deadline(now)
         elif kind is TimerKind.GRACE:
@@ -346,6 +353,8 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         self._pending.append(msg)
         self.fx.emit(EventKind.MESSAGE_ACCEPTED, None, {"seq": msg.seq, "mode": msg.mode.value})
         if self._stage is Stage.WAITING_USER:
+            self.waiting_for = None
+            self._stage = Stage.IDLE
             self._set_state(RunState.RUNNING)
             self._boundary(now)
         elif msg.mode is SteeringMode.INTERRUPT and self._stage is not Stage.CANCELLING:
