@@ -271,7 +271,7 @@ class RunDirectory:
         self._start_supervisor(
             entry,
             self.restored_machine(entry, stored),
-            Begin(resume=True, messages=tuple(stored.messages)),
+            Begin(resume=True, messages=tuple(stored.messages), wake=True),
         )
 
     # ------------------------------------------------------------------ ending

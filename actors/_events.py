@@ -31,11 +31,25 @@ class EventLog:
         max_history: Events kept for late readers; older ones are dropped first.
     """
 
-    __slots__ = ("_closed", "_cond", "_dropped", "_events", "_next", "_waiters", "trace_id")
+    __slots__ = (
+        "_closed",
+        "_cond",
+        "_dropped",
+        "_events",
+        "_lock",
+        "_next",
+        "_sleepers",
+        "_waiters",
+        "trace_id",
+    )
 
     def __init__(self, trace_id: str, max_history: int = 10_000) -> None:
         self.trace_id = trace_id
-        self._cond = threading.Condition(threading.Lock())
+        # Writers take the bare lock and notify only when a reader sleeps: appending is on
+        # the supervisor's hot path (about ten events per loop iteration).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._sleepers = 0
         self._events: deque[_Raw] = deque(maxlen=max_history)
         self._next = 0
         self._dropped = 0
@@ -52,16 +66,19 @@ class EventLog:
         parent_run_id: str | None = None,
     ) -> int:
         """Append one event; returns its seq. Never blocks for long (one short lock)."""
-        with self._cond:
+        with self._lock:
             seq = self._next
-            self._next += 1
-            if len(self._events) == self._events.maxlen:
+            self._next = seq + 1
+            events = self._events
+            if len(events) == events.maxlen:
                 self._dropped += 1
-            self._events.append((seq, kind, phase, at, data, run_id, parent_run_id))
+            events.append((seq, kind, phase, at, data, run_id, parent_run_id))
+            if self._sleepers:
+                self._cond.notify_all()
             waiters = self._waiters
-            if waiters:
-                self._waiters = []
-            self._cond.notify_all()
+            if not waiters:
+                return seq
+            self._waiters = []
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
@@ -112,7 +129,12 @@ class EventLog:
                 batch, closed, _, _ = self._take(start, want_future=False)
                 if batch or closed:
                     return batch, closed
-                if not self._cond.wait(timeout):
+                self._sleepers += 1
+                try:
+                    woke = self._cond.wait(timeout)
+                finally:
+                    self._sleepers -= 1
+                if not woke:
                     return [], False
 
     def stream(self, start: int = 0, timeout: float | None = None) -> EventStream:

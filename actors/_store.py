@@ -27,7 +27,7 @@ from steerable.protocol import (
     ToolResult,
     TranscriptEntry,
 )
-from steerable.protocol._codec import decode, decode_body, encode, encode_body
+from steerable.protocol._codec import decode_body
 
 __all__ = [
     "CheckpointStore",
@@ -54,12 +54,13 @@ STATIC_KEYS = (
     "created_at",
 )
 """Snapshot fields fixed for a run's life: stored once per run, not once per revision."""
+_STATIC = frozenset(STATIC_KEYS)
 
 
 def split_snapshot(snapshot: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split a snapshot body into its static part and its per-revision part."""
     static = {key: snapshot[key] for key in STATIC_KEYS}
-    dynamic = {key: value for key, value in snapshot.items() if key not in static}
+    dynamic = {key: value for key, value in snapshot.items() if key not in _STATIC}
     return static, dynamic
 
 
@@ -75,8 +76,12 @@ def join_snapshot(static_blob: bytes, dynamic_blob: bytes) -> RunSnapshot:
         raise SteerableError(
             AgentError.of(ErrorCode.CHECKPOINT_CORRUPT, "a snapshot part is not a map")
         )
+    return _validated({**static, **dynamic})
+
+
+def _validated(body: dict[str, Any]) -> RunSnapshot:
     try:
-        return RunSnapshot.model_validate({**static, **dynamic})
+        return RunSnapshot.model_validate(body)
     except ValidationError as exc:
         raise SteerableError(
             AgentError.of(
@@ -196,18 +201,19 @@ class _MemRun:
     __slots__ = ("entries", "journal", "messages", "revisions", "static")
 
     def __init__(self) -> None:
-        self.static = b""
-        self.revisions: list[bytes] = []
-        self.entries: list[bytes] = []
-        self.messages: list[tuple[int, bytes]] = []
-        self.journal: dict[str, bytes] = {}
+        self.static: dict[str, Any] = {}
+        self.revisions: list[dict[str, Any]] = []
+        self.entries: list[TranscriptEntry] = []
+        self.messages: list[HostMessage] = []
+        self.journal: dict[str, ToolResult] = {}
 
 
 class MemoryStore(CheckpointStore):
-    """Keeps encoded checkpoints in memory: the default, for runs that need not survive the process.
+    """Keeps checkpoints in memory: the default, for runs that need not survive the process.
 
-    It encodes exactly as a durable store does (msgpack, R24), so what works here loads the
-    same way from SQLite.
+    Records are immutable, so it keeps them as objects rather than bytes: a checkpoint costs
+    a few microseconds (W4), and a passivated run wakes without decoding. Loading validates
+    the snapshot as a durable store's load does.
     """
 
     durable = False
@@ -223,14 +229,12 @@ class MemoryStore(CheckpointStore):
         return run
 
     def append_message(self, run_id: str, message: HostMessage) -> None:
-        data = encode(message, kind="host_message")
         with self._lock:
-            self._run(run_id).messages.append((message.seq, data))
+            self._run(run_id).messages.append(message)
 
     def journal(self, run_id: str, result: ToolResult) -> None:
-        data = encode(result, kind="entry")
         with self._lock:
-            self._run(run_id).journal[result.call_id] = data
+            self._run(run_id).journal[result.call_id] = result
 
     def write_checkpoint(
         self,
@@ -240,18 +244,17 @@ class MemoryStore(CheckpointStore):
         entries_from: int,
         entries: Sequence[TranscriptEntry],
     ) -> None:
-        static, dynamic = split_snapshot(snapshot)
-        blob = encode_body("snapshot", dynamic)
-        encoded = [encode(e, kind="entry") for e in entries]
+        dynamic = {k: v for k, v in snapshot.items() if k not in _STATIC}
         with self._lock:
             run = self._run(run_id)
             if not run.static or revision == 0:
-                run.static = encode_body("snapshot", static)
-            del run.entries[entries_from:]  # a resumed run rewrites from its snapshot's length
-            run.entries.extend(encoded)
+                run.static = {k: snapshot[k] for k in STATIC_KEYS}
+            if entries:
+                del run.entries[entries_from:]  # a resumed run rewrites from its length
+                run.entries.extend(entries)
             del run.revisions[revision:]
-            run.revisions.append(blob)
-            if not snapshot.get("plan"):
+            run.revisions.append(dynamic)
+            if not snapshot["plan"]:
                 run.journal.clear()  # the plan's results are in the transcript now
 
     def load(self, run_id: str, revision: int | None = None) -> StoredRun:
@@ -262,64 +265,51 @@ class MemoryStore(CheckpointStore):
             index = len(run.revisions) - 1 if revision is None else revision
             if not 0 <= index < len(run.revisions):
                 raise not_found(run_id, revision)
-            blob = run.revisions[index]
-            static = run.static
+            body = {**run.static, **run.revisions[index]}
             latest = index == len(run.revisions) - 1
             entries = list(run.entries)
             journal = dict(run.journal) if latest else {}
             messages = list(run.messages)
-        snapshot = join_snapshot(static, blob)
-        transcript = [decode(e, kind="entry") for e in entries[: snapshot.transcript_len]]
-        pending = (
-            [decode(m, kind="host_message") for seq, m in messages if seq > snapshot.last_seq]
-            if latest
-            else []
-        )
+        snapshot = _validated(body)
         return StoredRun(
             snapshot=snapshot,
-            transcript=transcript,
-            journal={k: decode(v, kind="entry") for k, v in journal.items()},
-            messages=pending,
+            transcript=entries[: snapshot.transcript_len],
+            journal=journal,
+            messages=[m for m in messages if m.seq > snapshot.last_seq] if latest else [],
         )
 
     def revisions(self, run_id: str) -> list[RevisionInfo]:
         with self._lock:
             run = self._runs.get(run_id)
-            blobs = list(run.revisions) if run is not None else []
-        if not blobs:
+            bodies = list(run.revisions) if run is not None else []
+        if not bodies:
             raise not_found(run_id)
-        out = []
-        for blob in blobs:
-            _, body = decode_body(blob, kind="snapshot")
-            out.append(
-                RevisionInfo(
-                    run_id=run_id,
-                    revision=body["revision"],
-                    state=RunState(body["state"]),
-                    transcript_len=body["transcript_len"],
-                    updated_at=body["updated_at"],
-                )
+        return [
+            RevisionInfo(
+                run_id=run_id,
+                revision=body["revision"],
+                state=RunState(body["state"]),
+                transcript_len=body["transcript_len"],
+                updated_at=body["updated_at"],
             )
-        return out
+            for body in bodies
+        ]
 
     def runs(self) -> list[RunSummary]:
         with self._lock:
             latest = [
                 (rid, r.static, r.revisions[-1]) for rid, r in self._runs.items() if r.revisions
             ]
-        out = []
-        for run_id, static, blob in latest:
-            _, body = decode_body(blob, kind="snapshot")
-            body.update(decode_body(static, kind="snapshot")[1])
-            out.append(
-                RunSummary(
-                    run_id=run_id,
-                    state=RunState(body["state"]),
-                    revision=body["revision"],
-                    task=body["task"],
-                    agent=body["agent"],
-                    parent_run_id=body["parent_run_id"],
-                    updated_at=body["updated_at"],
-                )
+        out = [
+            RunSummary(
+                run_id=run_id,
+                state=RunState(body["state"]),
+                revision=body["revision"],
+                task=static["task"],
+                agent=static["agent"],
+                parent_run_id=static["parent_run_id"],
+                updated_at=body["updated_at"],
             )
+            for run_id, static, body in latest
+        ]
         return sorted(out, key=lambda s: s.run_id)

@@ -319,9 +319,12 @@ class RunSupervisor(SteerableActor, MuxActor):
                     self._hook_jobs.remove(job)
 
     def journal(self, result: ToolResult) -> None:
-        """Store a result as it arrives (the durable inbox of tool results)."""
-        if self.services.store.durable:
-            self.services.store.journal(self.cell.run_id, result)
+        """Store a result as it arrives (the durable inbox of tool results).
+
+        Every store keeps it: a passivated run's finished calls live only here until the
+        plan completes.
+        """
+        self.services.store.journal(self.cell.run_id, result)
 
     def checkpoint(
         self,
