@@ -44,12 +44,18 @@ class RunCell:
         parent_run_id: str | None,
         events: EventLog,
         next_seq: int = 0,
+        *,
+        parent_scope: CancelScope | None = None,
     ) -> None:
         self.run_id = run_id
         self.trace_id = trace_id
         self.parent_run_id = parent_run_id
         self.events = events
-        self.scope = CancelScope()
+        # A child's scope hangs under its parent's: cancelling a run reaches its whole tree
+        # at once (R18); the tree's root owns the event stream and closes it.
+        self.scope = CancelScope() if parent_scope is None else parent_scope.child()
+        self.owns_events = parent_run_id is None
+        self._on_settle: list[Callable[[RunOutcome], None]] = []
         self.state = RunState.IDLE
         self.revision = -1
         self.future: concurrent.futures.Future[RunOutcome] = concurrent.futures.Future()
@@ -101,12 +107,27 @@ class RunCell:
             self._approvals_open = False
 
     def settle(self, outcome: RunOutcome) -> None:
-        """Publish the outcome (once) and close the event stream."""
+        """Publish the outcome (once), tell who waits for it, close the event stream."""
         self.state = outcome.state
         self.revision = outcome.revision
-        if not self.future.done():
-            self.future.set_result(outcome)
-        self.events.close()
+        if self.future.done():
+            return
+        self.future.set_result(outcome)
+        with self.lock:
+            callbacks, self._on_settle = self._on_settle, []
+        for callback in callbacks:
+            callback(outcome)
+        if self.owns_events:
+            self.events.close()
+        self.scope.detach()
+
+    def on_settle(self, callback: Callable[[RunOutcome], None]) -> None:
+        """Call `callback(outcome)` when the run settles (at once if it has)."""
+        with self.lock:
+            if not self.future.done():
+                self._on_settle.append(callback)
+                return
+        callback(self.future.result())
 
     def fail(self, error: AgentError) -> None:
         """Last resort after a defect: settle the host's future with an ERROR outcome."""

@@ -188,6 +188,7 @@ class RunDirectory:
                 parent_run_id=snap.parent_run_id,
                 depth=snap.depth,
                 created_at=clock.wall() if fork is not None else snap.created_at,
+                subagents=self.services.agents,
             )
             machine.restore(stored, fork=fork)
             if entry.deadline is not None and fork is None:

@@ -17,11 +17,12 @@ from steerable.protocol import (
     Phase,
     RunOutcome,
     RunView,
+    SubagentResult,
     ToolResult,
     TranscriptEntry,
 )
 
-__all__ = ["CallJob", "Effects", "TimerKind"]
+__all__ = ["CallJob", "ChildJob", "Effects", "TimerKind"]
 
 
 class TimerKind(StrEnum):
@@ -47,6 +48,21 @@ class CallJob:
     deadline: float
 
 
+@dataclass(frozen=True, slots=True)
+class ChildJob:
+    """A subagent run to start (or resume, if the store has it) for call `call_id`."""
+
+    call_id: str
+    run_id: str
+    agent: str
+    task: str
+    depth: int
+    max_steps: int
+    max_model_calls: int
+    token_budget: int | None
+    seconds_left: float | None
+
+
 class Effects(Protocol):
     """Everything the machine can make happen. Implementations must not block."""
 
@@ -56,6 +72,10 @@ class Effects(Protocol):
 
     def dispatch(self, job: CallJob) -> None:
         """Run one tool call attempt on a worker, with a cancel scope and its deadline."""
+        ...
+
+    def start_child(self, job: ChildJob) -> None:
+        """Start the child run of a subagent call; its outcome comes back as `child_done`."""
         ...
 
     def cancel_work(self, key: str, reason: str) -> None:
@@ -78,7 +98,7 @@ class Effects(Protocol):
         """Publish an event (and fire the hooks of its moment)."""
         ...
 
-    def journal(self, result: ToolResult) -> None:
+    def journal(self, result: ToolResult | SubagentResult) -> None:
         """Store a call's result as it arrives (durable inbox), before the plan completes."""
         ...
 

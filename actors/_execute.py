@@ -16,7 +16,6 @@ from steerable.protocol import (
     RunState,
     SideEffect,
     SubagentCall,
-    SubagentResult,
     ToolCall,
     ToolResult,
     WaitingFor,
@@ -24,13 +23,14 @@ from steerable.protocol import (
 from steerable.protocol._ids import call_id as make_call_id
 from steerable.protocol._ids import idempotency_key
 
+from ._children import ChildrenMixin
 from ._effects import CallJob, TimerKind
 from ._machine_base import MODEL_KEY, PLAN_KEY, Call, MachineBase, Stage, cancelled, jitter_unit
 
 __all__ = ["ExecutionMixin"]
 
 
-class ExecutionMixin(MachineBase):
+class ExecutionMixin(ChildrenMixin, MachineBase):
     """The run machine's plan execution (see `RunMachine`)."""
 
     def pending_approvals(self) -> list[Call]:
@@ -96,18 +96,28 @@ class ExecutionMixin(MachineBase):
         self.fx.emit(EventKind.PLANNING_STARTED, Phase.PLAN, {"steps": len(plan.steps)})
         calls: list[Call] = []
         executable = 0
+        children = 0
         for index, step in enumerate(plan.steps):
             cid = make_call_id(self.decisions, index)
             key = idempotency_key(self.run_id, cid)
-            call, ok = self._plan_call(index, cid, key, step)
+            if isinstance(step, SubagentCall):
+                call = self._plan_subagent(index, cid, key, step, children)
+                children += call.status is CallStatus.PENDING
+            else:
+                call, ok = self._plan_call(index, cid, key, step)
+                executable += ok
             calls.append(call)
-            executable += ok
         steps_left = self.config.max_steps - self.steps
         if executable > steps_left:
             # No half-run plans (API.md "Budgets at the edge").
             self._exhaust(
                 "max_steps", self.config.max_steps, planned=executable, steps_left=steps_left
             )
+            return
+        short = self._reserve(calls, executable)
+        if short is not None:
+            # Children cannot get a share of a budget that is used up: no half-run plans.
+            self._exhaust(short, getattr(self.config, short), planned_children=children)
             return
         self.plan = calls
         self._interrupting = False
@@ -132,26 +142,8 @@ class ExecutionMixin(MachineBase):
             self._set_state(RunState.WAITING, approvals=len(approvals))
         self._after_call(now)
 
-    def _plan_call(
-        self, index: int, cid: str, key: str, step: ToolCall | SubagentCall
-    ) -> tuple[Call, bool]:
+    def _plan_call(self, index: int, cid: str, key: str, step: ToolCall) -> tuple[Call, bool]:
         """Turn one plan step into a call; unknown tools and bad arguments resolve at once."""
-        if isinstance(step, SubagentCall):
-            call = Call(index, cid, "subagent", step.agent, {"task": step.task}, key, None)
-            call.status = CallStatus.DONE
-            call.result = SubagentResult(
-                call_id=cid,
-                agent=step.agent,
-                child_run_id="",
-                state=RunState.ERROR,
-                ok=False,
-                error=AgentError.of(
-                    ErrorCode.UNKNOWN_AGENT,
-                    f"no subagent named {step.agent!r} is available",
-                    agent=step.agent,
-                ),
-            )
-            return call, False
         tool = self.tools.get(step.name)
         if tool is None:
             call = Call(index, cid, "tool", step.name, dict(step.arguments), key, None)
@@ -200,7 +192,12 @@ class ExecutionMixin(MachineBase):
             for call in self.plan:
                 if self._running >= limit:
                     break
-                if call.status is CallStatus.PENDING:
+                if call.status is CallStatus.PENDING and call.kind == "subagent":
+                    call.status = CallStatus.RUNNING
+                    self._running += 1
+                    call.first_dispatch = now
+                    self._start_child(call, now)
+                elif call.status is CallStatus.PENDING:
                     call.status = CallStatus.RUNNING
                     self._running += 1
                     if not call.counted:  # a re-dispatch after a crash is the same step
@@ -271,6 +268,10 @@ class ExecutionMixin(MachineBase):
     def _complete(
         self, call: Call, value: Any, error: AgentError | None, now: float, *, advance: bool = True
     ) -> None:
+        if call.kind == "subagent":
+            assert error is not None  # a child's own outcome arrives through child_done
+            self._child_cancelled(call, error, now, advance=advance)
+            return
         previous = call.status
         call.status = CallStatus.DONE
         call.retry_pending = False

@@ -13,7 +13,7 @@ next model call), when the run starts waiting, and at a terminal state. Nowhere 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from steerable.protocol import (
@@ -88,6 +88,7 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         parent_run_id: The parent run of a subagent.
         depth: 0 for a top-level run.
         created_at: Wall-clock seconds at creation.
+        subagents: Names of the agents this run may start as subagents.
     """
 
     def __init__(
@@ -107,6 +108,7 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         parent_run_id: str | None = None,
         depth: int = 0,
         created_at: float = 0.0,
+        subagents: Iterable[str] = (),
     ) -> None:
         self.fx = fx
         self.run_id = run_id
@@ -168,12 +170,17 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         self._now = 0.0
         self._deadline_left: float | None = None
         self._parked_revision = -2
+        self.subagents = frozenset(subagents)
+        self.children_started = 0
         self.forked_from: ForkOrigin | None = None
 
     @property
     def is_terminal(self) -> bool:
         """Whether the run has reached a terminal state."""
         return self.state.is_terminal
+
+    def _stage_done(self) -> bool:
+        return self._stage is Stage.DONE
 
     @property
     def parked(self) -> bool:

@@ -118,7 +118,9 @@ class Call:
             "idempotency_key": self.key,
             "status": self.status.value,
             "attempts": self.attempt,
-            "child_run_id": None,
+            "child_run_id": None
+            if self.kind != "subagent" or self.result is None
+            else getattr(self.result, "child_run_id", None) or None,
         }
 
 
@@ -229,4 +231,7 @@ class MachineBase:
         raise NotImplementedError
 
     def pending_approvals(self) -> list[Call]:
+        raise NotImplementedError
+
+    def _find(self, call_id: str) -> Call | None:
         raise NotImplementedError

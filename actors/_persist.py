@@ -121,6 +121,9 @@ class PersistenceMixin(MachineBase):
         snap = stored.snapshot
         self.transcript = list(stored.transcript)
         self._checkpointed_len = 0 if fork is not None else len(self.transcript)
+        self.children_started = sum(
+            1 for e in stored.transcript if isinstance(e, SubagentResult) and e.child_run_id
+        ) + sum(1 for pc in snap.plan if pc.kind == "subagent" and pc.status is CallStatus.RUNNING)
         self.model_calls = snap.model_calls
         self.steps = snap.steps
         self.decisions = snap.decisions
@@ -156,6 +159,8 @@ class PersistenceMixin(MachineBase):
         )
         call.status = pc.status
         call.attempt = pc.attempts
+        if pc.kind == "subagent":
+            call.counted = pc.status is not CallStatus.PENDING
         call.counted = pc.status in (CallStatus.RUNNING, CallStatus.DONE) and pc.attempts > 0
         if result is not None:
             call.status = CallStatus.DONE
@@ -251,6 +256,9 @@ class PersistenceMixin(MachineBase):
             )
             return
         if call.status is not CallStatus.RUNNING:
+            return
+        if call.kind == "subagent":
+            call.status = CallStatus.PENDING  # the same child id: resumed, not started twice
             return
         spec = call.spec
         if spec is not None and spec.redispatch_safe:

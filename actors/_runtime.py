@@ -40,6 +40,7 @@ from ._aloop import AsyncRunner
 from ._cell import RunCell
 from ._clock import Clock, SystemClock
 from ._directory import RunDirectory, RunEntry
+from ._effects import ChildJob
 from ._events import EventLog
 from ._handle import RunHandle
 from ._jobs import Accept
@@ -47,8 +48,8 @@ from ._machine import RunMachine
 from ._mux import Dispatcher
 from ._pool import WorkerPool
 from ._replay import Replay, replay_of
-from ._store import CheckpointStore, MemoryStore, RevisionInfo
-from ._supervisor import Begin, RunSupervisor
+from ._store import CheckpointStore, MemoryStore, RevisionInfo, StoredRun
+from ._supervisor import Begin, ChildDone, RunSupervisor
 from ._timer import TimerService
 from ._tool import Tool, tool
 
@@ -76,6 +77,9 @@ class Services:
     hook_timeout: float
     run_ended: Callable[[str], None]
     park: Callable[[RunSupervisor], None]
+    start_child: Callable[[RunSupervisor, ChildJob], None]
+    cancel_child: Callable[[str, str], None]
+    agents: frozenset[str]
 
 
 def agent_name(agent: Agent) -> str:
@@ -159,6 +163,9 @@ class Runtime:
             hook_timeout=hook_timeout,
             run_ended=self._run_ended,
             park=self._park,
+            start_child=self._start_child,
+            cancel_child=self._cancel_child,
+            agents=frozenset(self.agents),
         )
         self.directory = RunDirectory(self.services, passivate=passivate)
         dispatcher.start()
@@ -244,6 +251,7 @@ class Runtime:
                 session_id=session_id,
                 task_id=task_id,
                 created_at=created,
+                subagents=self.agents.keys(),
             )
 
         self.directory.launch(entry, factory, Begin())
@@ -564,6 +572,97 @@ class Runtime:
 
     def _park(self, sup: RunSupervisor) -> None:
         self.directory.park(sup)
+
+    def _cancel_child(self, run_id: str, reason: str) -> None:
+        entry = self.directory.get(run_id)
+        if entry is not None:
+            RunHandle(self, entry.cell).cancel(reason)
+
+    def _start_child(self, parent: RunSupervisor, job: ChildJob) -> None:
+        """Start or resume the child run of a subagent call; its outcome goes to the parent.
+
+        Runs on the parent's dispatcher thread: it only builds objects, starts a mux actor and
+        (on resume after a crash) reads the store, never waits on another run.
+        """
+        parent_cell = parent.cell
+        parent_id = parent_cell.run_id
+
+        def report(outcome: RunOutcome) -> None:
+            self.directory.tell_timer(parent_id, ChildDone(job.call_id, outcome))
+
+        live = self.directory.get(job.run_id)
+        if live is not None:  # re-dispatched while the child still runs here
+            live.cell.on_settle(report)
+            return
+        parent_entry = self.directory.get(parent_id)
+        agent = self.agents.get(job.agent)
+        if parent_entry is None or agent is None:
+            return
+        try:
+            stored: StoredRun | None = self.store.load(job.run_id)
+        except SteerableError:
+            stored = None
+        cell = RunCell(
+            job.run_id,
+            parent_cell.trace_id,
+            parent_id,
+            parent_cell.events,
+            parent_scope=parent_cell.scope,
+        )
+        config = parent_entry.config.model_copy(
+            update={
+                "max_steps": job.max_steps,
+                "max_model_calls": job.max_model_calls,
+                "token_budget": job.token_budget,
+                "total_timeout": job.seconds_left or None,
+            }
+        )
+        entry = self._entry(cell, agent, config, None, None, None, None)
+        entry.tools = parent_entry.tools
+        entry.hooks = parent_entry.hooks
+        cell.on_settle(report)
+        if stored is not None:
+            if stored.snapshot.state.is_terminal:
+                snap = stored.snapshot
+                report(
+                    RunOutcome(
+                        run_id=job.run_id,
+                        state=snap.state,
+                        output=snap.output,
+                        errors=snap.errors,
+                        metrics=snap.metrics,
+                        revision=snap.revision,
+                    )
+                )
+                return
+            cell.next_seq = max([stored.snapshot.last_seq, *(m.seq for m in stored.messages)]) + 1
+            self.directory.launch(
+                entry,
+                self.directory.restored_machine(entry, stored),
+                Begin(resume=True, messages=tuple(stored.messages)),
+            )
+            return
+        created = self.clock.wall()
+
+        def factory(sup: RunSupervisor) -> RunMachine:
+            return RunMachine(
+                sup,
+                run_id=job.run_id,
+                trace_id=cell.trace_id,
+                task=job.task,
+                agent=entry.agent_name,
+                config=config,
+                tools=entry.tools,
+                capabilities=entry.capabilities,
+                session_id=None,
+                task_id=None,
+                parent_run_id=parent_id,
+                depth=job.depth,
+                created_at=created,
+                subagents=self.agents.keys(),
+            )
+
+        self.directory.launch(entry, factory, Begin())
 
 
 def _shut_down() -> SteerableError:

@@ -27,6 +27,7 @@ from steerable.protocol import (
     HostMessage,
     RunState,
     SteerableError,
+    SubagentResult,
     ToolResult,
     TranscriptEntry,
 )
@@ -211,7 +212,7 @@ class SqliteStore(CheckpointStore):
             ("inbox", run_id, message.seq, encode(message, kind="host_message")), wait=True
         )
 
-    def journal(self, run_id: str, result: ToolResult) -> None:
+    def journal(self, run_id: str, result: ToolResult | SubagentResult) -> None:
         """Queue a tool result for the journal (committed in the next batch)."""
         self._submit(("journal", run_id, result.call_id, encode(result, kind="entry")), wait=False)
 

@@ -24,6 +24,7 @@ from steerable.protocol import (
     RunSnapshot,
     RunState,
     SteerableError,
+    SubagentResult,
     ToolResult,
     TranscriptEntry,
 )
@@ -124,7 +125,7 @@ class StoredRun:
 
     snapshot: RunSnapshot
     transcript: list[TranscriptEntry]
-    journal: dict[str, ToolResult] = field(default_factory=dict)
+    journal: dict[str, ToolResult | SubagentResult] = field(default_factory=dict)
     """Results of the current plan's calls recorded after the snapshot (durable inbox)."""
     messages: list[HostMessage] = field(default_factory=list)
     """Host messages accepted after the snapshot (seq > snapshot.last_seq), in seq order."""
@@ -154,8 +155,8 @@ class CheckpointStore(ABC):
         """Store one accepted host message (the durable inbox); must be stored on return."""
 
     @abstractmethod
-    def journal(self, run_id: str, result: ToolResult) -> None:
-        """Store one tool result as it arrives, before its plan completes."""
+    def journal(self, run_id: str, result: ToolResult | SubagentResult) -> None:
+        """Store one call's result as it arrives, before its plan completes."""
 
     @abstractmethod
     def write_checkpoint(
@@ -205,7 +206,7 @@ class _MemRun:
         self.revisions: list[dict[str, Any]] = []
         self.entries: list[TranscriptEntry] = []
         self.messages: list[HostMessage] = []
-        self.journal: dict[str, ToolResult] = {}
+        self.journal: dict[str, ToolResult | SubagentResult] = {}
 
 
 class MemoryStore(CheckpointStore):
@@ -232,7 +233,7 @@ class MemoryStore(CheckpointStore):
         with self._lock:
             self._run(run_id).messages.append(message)
 
-    def journal(self, run_id: str, result: ToolResult) -> None:
+    def journal(self, run_id: str, result: ToolResult | SubagentResult) -> None:
         with self._lock:
             self._run(run_id).journal[result.call_id] = result
 

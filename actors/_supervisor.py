@@ -29,13 +29,14 @@ from steerable.protocol import (
     RunEvent,
     RunOutcome,
     RunView,
+    SubagentResult,
     ToolResult,
     TranscriptEntry,
 )
 
 from ._base import SteerableActor
 from ._cancel import CancelScope
-from ._effects import CallJob, TimerKind
+from ._effects import CallJob, ChildJob, TimerKind
 from ._jobs import Accept, Decided, DecideJob, HookDone, HookJob, ToolDone, ToolJob
 from ._machine import MODEL_KEY, RunMachine
 from ._mux import MuxActor
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from ._cell import RunCell
     from ._runtime import Services
 
-__all__ = ["Begin", "HostMsg", "RunSupervisor", "TimerFired"]
+__all__ = ["Begin", "ChildDone", "HostMsg", "RunSupervisor", "TimerFired"]
 
 _log = structlog.get_logger("steerable.supervisor")
 
@@ -73,6 +74,14 @@ class TimerFired:
     kind: TimerKind
     key: str
     attempt: int
+
+
+@dataclass(slots=True)
+class ChildDone:
+    """Message: the child run of subagent call `call_id` reached its terminal state."""
+
+    call_id: str
+    outcome: RunOutcome
 
 
 @dataclass(slots=True)
@@ -109,6 +118,7 @@ class RunSupervisor(SteerableActor, MuxActor):
         self.hooks = hooks
         self._async_decide = inspect.iscoroutinefunction(getattr(agent, "decide", None))
         self._work: dict[str, _Work] = {}
+        self._children: dict[str, str] = {}  # call id -> child run id, while it runs
         self._timers: dict[tuple[TimerKind, str], Any] = {}
         self._hooks_pending = 0
         self._hook_jobs: list[HookJob] = []
@@ -120,47 +130,60 @@ class RunSupervisor(SteerableActor, MuxActor):
 
     def handle(self, message: object) -> object:
         """Apply one message to the machine, then publish the state the host reads."""
-        machine = self.machine
         now = self.services.clock.now()
-        if isinstance(message, ToolDone):
-            work = self._work.get(message.call_id)
-            if work is not None and work.attempt == message.attempt:
-                del self._work[message.call_id]
-                work.scope.detach()
-            machine.tool_done(message.call_id, message.attempt, message.value, message.error, now)
-        elif isinstance(message, Decided):
-            work = self._work.pop(MODEL_KEY, None)
-            if work is not None:
-                work.scope.detach()
-            if message.accept_error is not None:
-                machine.record_error(message.accept_error)
-            machine.decided(
-                message.model_call,
-                message.decision,
-                message.verdict,
-                message.error,
-                message.elapsed,
-                now,
-            )
-        elif isinstance(message, TimerFired):
-            self._timers.pop((message.kind, message.key), None)
-            if message.kind is TimerKind.GRACE and message.key == "hooks":
-                self._hooks_timed_out()
-            else:
-                machine.timer(message.kind, message.key, message.attempt, now)
-        elif isinstance(message, HostMsg):
-            machine.host(message.message, now)
-        elif isinstance(message, HookDone):
-            self._hook_done(message.errors)
-        elif isinstance(message, Begin):
-            if message.resume:
-                machine.resume(now, message.messages, wake=message.wake)
-            else:
-                machine.start(now)
+        handler = _HANDLERS.get(type(message))
+        if handler is not None:
+            handler(self, message, now)
+        machine = self.machine
         self.cell.state = machine.state
         if machine.parked and not self._hooks_pending and not self._work:
             self.services.park(self)
         return None
+
+    def _on_tool_done(self, message: ToolDone, now: float) -> None:
+        work = self._work.get(message.call_id)
+        if work is not None and work.attempt == message.attempt:
+            del self._work[message.call_id]
+            work.scope.detach()
+        self.machine.tool_done(message.call_id, message.attempt, message.value, message.error, now)
+
+    def _on_decided(self, message: Decided, now: float) -> None:
+        work = self._work.pop(MODEL_KEY, None)
+        if work is not None:
+            work.scope.detach()
+        if message.accept_error is not None:
+            self.machine.record_error(message.accept_error)
+        self.machine.decided(
+            message.model_call,
+            message.decision,
+            message.verdict,
+            message.error,
+            message.elapsed,
+            now,
+        )
+
+    def _on_timer(self, message: TimerFired, now: float) -> None:
+        self._timers.pop((message.kind, message.key), None)
+        if message.kind is TimerKind.GRACE and message.key == "hooks":
+            self._hooks_timed_out()
+        else:
+            self.machine.timer(message.kind, message.key, message.attempt, now)
+
+    def _on_host(self, message: HostMsg, now: float) -> None:
+        self.machine.host(message.message, now)
+
+    def _on_child_done(self, message: ChildDone, now: float) -> None:
+        if self._children.pop(message.call_id, None) is not None:
+            self.machine.child_done(message.call_id, message.outcome, now)
+
+    def _on_hook_done(self, message: HookDone, now: float) -> None:
+        self._hook_done(message.errors)
+
+    def _on_begin(self, message: Begin, now: float) -> None:
+        if message.resume:
+            self.machine.resume(now, message.messages, wake=message.wake)
+        else:
+            self.machine.start(now)
 
     def on_handler_error(self, message: object, exc: BaseException) -> None:
         """A defect in steerable itself: record it and end the run in ERROR (R6)."""
@@ -243,14 +266,30 @@ class RunSupervisor(SteerableActor, MuxActor):
         elif not services.pool.submit(tool_job):
             tool_job.report(None, RuntimeError("the runtime is shut down"))
 
+    def start_child(self, job: ChildJob) -> None:
+        """Start (or resume) the child run of a subagent call (R3: its own run id)."""
+        self._children[job.call_id] = job.run_id
+        self.services.start_child(self, job)
+
     def cancel_work(self, key: str, reason: str) -> None:
-        """Signal a call's (or the model call's) cancel scope; async work is cancelled too."""
+        """Signal a call's (or the model call's) cancel scope; async work is cancelled too.
+
+        A child run is cancelled through its own inbox, so it records CANCELLED in order.
+        """
+        child = self._children.get(key)
+        if child is not None:
+            self.services.cancel_child(child, reason)
+            return
         work = self._work.get(key)
         if work is not None:
             work.scope.cancel(reason)
 
     def abandon_work(self, key: str) -> None:
         """Stop waiting for work that did not stop; its worker is never reused (T3)."""
+        child = self._children.pop(key, None)
+        if child is not None:
+            self.services.cancel_child(child, "abandoned by its parent")
+            return
         work = self._work.pop(key, None)
         if work is None:
             return
@@ -318,7 +357,7 @@ class RunSupervisor(SteerableActor, MuxActor):
                     self._hooks_pending -= 1
                     self._hook_jobs.remove(job)
 
-    def journal(self, result: ToolResult) -> None:
+    def journal(self, result: ToolResult | SubagentResult) -> None:
         """Store a result as it arrives (the durable inbox of tool results).
 
         Every store keeps it: a passivated run's finished calls live only here until the
@@ -398,6 +437,19 @@ class RunSupervisor(SteerableActor, MuxActor):
         if outcome is None:
             return
         self._outcome = None
-        self.cell.settle(outcome)
+        # Leave the directory first: once result() returns, the run is no longer live.
         self.services.run_ended(self.cell.run_id)
+        self.cell.settle(outcome)
         self.actor_ref.stop(block=False)  # queued: handled after this message
+
+
+_HANDLERS: dict[type, Callable[[RunSupervisor, Any, float], None]] = {
+    ToolDone: RunSupervisor._on_tool_done,
+    Decided: RunSupervisor._on_decided,
+    TimerFired: RunSupervisor._on_timer,
+    HostMsg: RunSupervisor._on_host,
+    ChildDone: RunSupervisor._on_child_done,
+    HookDone: RunSupervisor._on_hook_done,
+    Begin: RunSupervisor._on_begin,
+}
+"""One handler per message type: a dict lookup, not a chain of isinstance checks."""

@@ -9,6 +9,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
+
 from steerable.actors._aloop import AsyncRunner
 
 WAIT = 10.0  # generous fail-instead-of-hang bound for every wait in this file

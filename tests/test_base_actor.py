@@ -9,9 +9,10 @@ from typing import Any
 
 import pykka
 import pytest
+from structlog.testing import capture_logs
+
 from steerable.actors._base import SteerableActor
 from steerable.actors._mux import Dispatcher, MuxActor
-from structlog.testing import capture_logs
 
 GUARD = 10.0  # seconds: fail instead of hanging, never a synchronisation
 

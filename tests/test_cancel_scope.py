@@ -5,9 +5,10 @@ from __future__ import annotations
 import threading
 
 import pytest
+from structlog.testing import capture_logs
+
 from steerable.actors._cancel import Cancelled, CancelScope
 from steerable.actors._clock import ManualClock, SystemClock
-from structlog.testing import capture_logs
 
 GUARD = 10.0  # seconds: fail instead of hanging, never a synchronisation
 

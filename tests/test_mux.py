@@ -9,6 +9,7 @@ from typing import Any
 
 import pykka
 import pytest
+
 from steerable.actors._mux import Dispatcher, MuxActor
 
 GUARD = 10.0  # seconds: fail instead of hanging, never a synchronisation

@@ -10,6 +10,7 @@ from typing import Any
 
 import pykka
 import pytest
+
 from steerable.actors._clock import SystemClock
 from steerable.actors._pool import Job, ToolWorker, WorkerPool
 

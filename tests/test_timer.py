@@ -6,9 +6,10 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
+from structlog.testing import capture_logs
+
 from steerable.actors._clock import ManualClock, SystemClock
 from steerable.actors._timer import TimerService
-from structlog.testing import capture_logs
 
 GUARD = 10.0  # seconds: fail instead of hanging, never a synchronisation
 

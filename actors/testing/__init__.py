@@ -202,7 +202,7 @@ class HookRecorder:
         self.events: list[tuple[HookName, RunEvent]] = []
         self._raise_on = {HookName(h) for h in raise_on}
 
-    def hooks(self) -> dict[HookName, Callable[[RunEvent], None]]:
+    def hooks(self) -> dict[HookName | str, Callable[[RunEvent], object]]:
         """A callback per hook name, for `Runtime.start(hooks=...)`."""
         return {name: self._callback(name) for name in HookName}
 
