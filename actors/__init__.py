@@ -9,7 +9,9 @@ from ._clock import Clock, ManualClock, SystemClock
 from ._events import EventStream
 from ._handle import RunHandle
 from ._pool import ToolWorker
-from ._runtime import Runtime
+from ._replay import Replay
+from ._runtime import Runtime, RunTree
+from ._sqlite import SqliteStore
 from ._store import CheckpointStore, MemoryStore, RevisionInfo, RunSummary, StoredRun
 from ._supervisor import RunSupervisor
 from ._tool import (
@@ -28,12 +30,15 @@ __all__ = [
     "EventStream",
     "ManualClock",
     "MemoryStore",
+    "Replay",
     "RetryableToolError",
     "RevisionInfo",
     "RunHandle",
     "RunSummary",
     "RunSupervisor",
+    "RunTree",
     "Runtime",
+    "SqliteStore",
     "StoredRun",
     "SystemClock",
     "Tool",

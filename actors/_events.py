@@ -137,9 +137,15 @@ class EventLog:
                 if not woke:
                     return [], False
 
-    def stream(self, start: int = 0, timeout: float | None = None) -> EventStream:
-        """A new reader from seq `start`, for `for` and `async for`."""
-        return EventStream(self, start, timeout)
+    def stream(
+        self, start: int = 0, timeout: float | None = None, only: str | None = None
+    ) -> EventStream:
+        """A new reader from seq `start`, for `for` and `async for`.
+
+        `only` restricts it to one run of a tree (a subagent's own events); that reader ends
+        with the run's `run_ended` event.
+        """
+        return EventStream(self, start, timeout, only)
 
     def to_event(self, raw: _Raw) -> RunEvent:
         """Build the public event of one raw record."""
@@ -165,10 +171,24 @@ class EventStream:
         timeout: For sync iteration, the longest wait for one event before `TimeoutError`.
     """
 
-    def __init__(self, log: EventLog, start: int = 0, timeout: float | None = None) -> None:
+    def __init__(
+        self, log: EventLog, start: int = 0, timeout: float | None = None, only: str | None = None
+    ) -> None:
         self._log = log
         self._pos = start
         self._timeout = timeout
+        self._only = only
+        self._done = False
+
+    def _keep(self, raw: _Raw) -> bool:
+        only = self._only
+        if only is None:
+            return True
+        if raw[5] != only:
+            return False
+        if raw[1] is EventKind.RUN_ENDED:
+            self._done = True
+        return True
 
     def __iter__(self) -> Iterator[RunEvent]:
         log = self._log
@@ -178,7 +198,10 @@ class EventStream:
                 raise TimeoutError(f"no event within {self._timeout}s")
             for raw in batch:
                 self._pos = raw[0] + 1
-                yield log.to_event(raw)
+                if self._keep(raw):
+                    yield log.to_event(raw)
+                if self._done:
+                    return
             if closed and not batch:
                 return
 
@@ -191,7 +214,10 @@ class EventStream:
             batch, closed, fut, _ = log._read(self._pos)
             for raw in batch:
                 self._pos = raw[0] + 1
-                yield log.to_event(raw)
+                if self._keep(raw):
+                    yield log.to_event(raw)
+                if self._done:
+                    return
             if batch:
                 continue
             if closed:

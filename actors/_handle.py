@@ -140,8 +140,13 @@ class RunHandle:
         return self._cell.future.done()
 
     def events(self, start: int = 0, timeout: float | None = None) -> EventStream:
-        """The run's events from seq `start`, for `for` and `async for`; ends with the run."""
-        return self._cell.events.stream(start, timeout)
+        """The run's events from seq `start`, for `for` and `async for`; ends with the run.
+
+        A top-level run's stream includes its subagents' events (tagged with their run ids);
+        a subagent's handle streams only its own.
+        """
+        cell = self._cell
+        return cell.events.stream(start, timeout, None if cell.owns_events else cell.run_id)
 
     def __repr__(self) -> str:
         return f"<RunHandle {self.run_id} {self.state.value}>"

@@ -30,6 +30,7 @@ from steerable.protocol import (
     RunEvent,
     RunOutcome,
     RunSnapshot,
+    RunState,
     SteerableError,
     SteeringMode,
     new_run_id,
@@ -53,7 +54,7 @@ from ._supervisor import Begin, ChildDone, RunSupervisor
 from ._timer import TimerService
 from ._tool import Tool, tool
 
-__all__ = ["Agent", "Runtime", "Services"]
+__all__ = ["Agent", "RunTree", "Runtime", "Services"]
 
 _log = structlog.get_logger("steerable.runtime")
 
@@ -80,6 +81,23 @@ class Services:
     start_child: Callable[[RunSupervisor, ChildJob], None]
     cancel_child: Callable[[str, str], None]
     agents: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class RunTree:
+    """A run and its subagents, as `Runtime.tree()` returns them."""
+
+    run_id: str
+    agent: str
+    state: RunState
+    children: tuple[RunTree, ...] = ()
+
+    def walk(self) -> list[RunTree]:
+        """This run and every descendant, depth first."""
+        out = [self]
+        for child in self.children:
+            out.extend(child.walk())
+        return out
 
 
 def agent_name(agent: Agent) -> str:
@@ -385,6 +403,41 @@ class Runtime:
             for r in self.store.runs()
             if not r.state.is_terminal and self.directory.get(r.run_id) is None
         ]
+
+    def tree(self, run_id: str) -> RunTree:
+        """A run and its subagents, recursively, each with its current state.
+
+        Built from the store (every run checkpoints at its boundaries) and the live runs here.
+
+        Raises:
+            SteerableError: `not_found` if neither knows the run.
+        """
+        summaries = {s.run_id: s for s in self.store.runs()}
+        children: dict[str, list[str]] = {}
+        for summary in summaries.values():
+            if summary.parent_run_id is not None:
+                children.setdefault(summary.parent_run_id, []).append(summary.run_id)
+
+        def build(rid: str) -> RunTree:
+            entry = self.directory.get(rid)
+            summary = summaries.get(rid)
+            if entry is not None:
+                state = entry.cell.state
+            elif summary is not None:
+                state = summary.state
+            else:
+                raise SteerableError(
+                    AgentError.of(ErrorCode.NOT_FOUND, f"no run {rid!r}", run_id=rid)
+                )
+            agent = entry.agent_name if entry is not None else summary.agent if summary else ""
+            return RunTree(
+                run_id=rid,
+                agent=agent,
+                state=state,
+                children=tuple(build(c) for c in sorted(children.get(rid, []))),
+            )
+
+        return build(run_id)
 
     def handle(self, run_id: str) -> RunHandle:
         """A handle on a live run (active or passivated).
