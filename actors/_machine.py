@@ -130,6 +130,7 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
             "capabilities": capabilities.model_dump(mode="json"),
             "compatibility": self.compatibility.model_dump(mode="json"),
         }
+        self._static_cache: dict[str, Any] | None = None
 
         self.state = RunState.IDLE
         self.waiting_for: WaitingFor | None = None
@@ -258,7 +259,7 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         self._model_in_flight = False
         self.fx.unschedule(TimerKind.MODEL_TIMEOUT, MODEL_KEY)
         self._add_phase(Phase.REASON, elapsed)
-        if decision is not None:
+        if decision is not None and (decision.usage.input_tokens or decision.usage.output_tokens):
             self.usage = self.usage + decision.usage
         if self._stage is Stage.CANCELLING:
             self._maybe_finish_cancel(now)

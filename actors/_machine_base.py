@@ -116,7 +116,7 @@ class Call:
             "name": self.name,
             "arguments": self.arguments,
             "idempotency_key": self.key,
-            "status": self.status.value,
+            "status": str(self.status),
             "attempts": self.attempt,
             "child_run_id": None
             if self.kind != "subagent" or self.result is None
@@ -161,6 +161,7 @@ class MachineBase:
     capabilities: CapabilitySnapshot
     forked_from: ForkOrigin | None
     _static: dict[str, Any]
+    _static_cache: dict[str, Any] | None
 
     state: RunState
     waiting_for: WaitingFor | None

@@ -69,30 +69,40 @@ class PersistenceMixin(MachineBase):
         self._checkpointed_len = len(self.transcript)
         self.fx.checkpoint(self.revision, self.snapshot(), start, entries)
 
+    def _static_fields(self) -> dict[str, Any]:
+        """The snapshot fields fixed for the run's life, dumped once (they never change)."""
+        static = self._static_cache
+        if static is None:
+            static = self._static_cache = {
+                "trace_id": self.trace_id,
+                "session_id": self.session_id,
+                "task_id": self.task_id,
+                "parent_run_id": self.parent_run_id,
+                "depth": self.depth,
+                "forked_from": None
+                if self.forked_from is None
+                else self.forked_from.model_dump(mode="json"),
+                "task": self.task,
+                "agent": self.agent,
+                "created_at": self.created_at,
+                **self._static,
+            }
+        return static
+
     def snapshot(self) -> dict[str, Any]:
         """The run's state as a `RunSnapshot` body (JSON shape), built without validation."""
+        waiting = self.waiting_for
+        usage = self.usage
+        # str(StrEnum) is the value, and far cheaper than `.value` on this hot path.
         return {
+            **self._static_fields(),
             "run_id": self.run_id,
             "revision": self.revision,
-            "trace_id": self.trace_id,
-            "session_id": self.session_id,
-            "task_id": self.task_id,
-            "parent_run_id": self.parent_run_id,
-            "depth": self.depth,
-            "forked_from": None
-            if self.forked_from is None
-            else self.forked_from.model_dump(mode="json"),
-            "task": self.task,
-            "agent": self.agent,
-            "state": self.state.value,
-            "waiting_for": None if self.waiting_for is None else self.waiting_for.value,
-            **self._static,
+            "state": str(self.state),
+            "waiting_for": None if waiting is None else str(waiting),
             "model_calls": self.model_calls,
             "steps": self.steps,
-            "usage": {
-                "input_tokens": self.usage.input_tokens,
-                "output_tokens": self.usage.output_tokens,
-            },
+            "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
             "decisions": self.decisions,
             "transcript_len": len(self.transcript),
             "last_seq": self.last_seq,
@@ -105,7 +115,6 @@ class PersistenceMixin(MachineBase):
             "output": self.output,
             "metrics": self._metrics(),
             "deadline_left": None if self.deadline is None else max(0.0, self.deadline - self._now),
-            "created_at": self.created_at,
             "updated_at": self.created_at,
         }
 
@@ -133,6 +142,7 @@ class PersistenceMixin(MachineBase):
             self._m[key] = getattr(metrics, key)
         self._phase_seconds = dict(metrics.phase_seconds)
         self.forked_from = fork if fork is not None else snap.forked_from
+        self._static_cache = None
         if fork is not None:
             self.plan = [self._fresh_call(pc) for pc in snap.plan]
             return
