@@ -187,13 +187,17 @@ class Dispatcher:
                 _log.warning("dispatcher_thread_still_running", thread=thread.name)
 
     def statistics(self) -> dict[str, int]:
-        """Counters: `actors_live`, `ready_queue_depth`, `messages_handled`."""
+        """Counters: `actors_live`, `ready_queue_depth`, `messages_handled`, and the
+        `inbox_depth_total` / `inbox_depth_max` of messages waiting in actors' inboxes."""
         with self._cond:
-            live = len(self._live)
+            inboxes = list(self._live)
+        depths = [len(inbox.envelopes) for inbox in inboxes]
         return {
-            "actors_live": live,
+            "actors_live": len(inboxes),
             "ready_queue_depth": self._ready.qsize(),
             "messages_handled": sum(self._handled),
+            "inbox_depth_total": sum(depths),
+            "inbox_depth_max": max(depths, default=0),
         }
 
     def _admit(self, inbox: _MuxInbox) -> None:

@@ -470,6 +470,8 @@ class Runtime:
             "abandoned_total": pool["abandoned_total"],
             "jobs_queued": pool["jobs_queued"],
             "dispatcher_queue_depth": dispatcher["ready_queue_depth"],
+            "inbox_depth_total": dispatcher["inbox_depth_total"],
+            "inbox_depth_max": dispatcher["inbox_depth_max"],
             "actors_live": dispatcher["actors_live"],
             "timers_pending": self.services.timer.statistics()["timers_pending"],
         }
