@@ -402,5 +402,11 @@ def test_statistics_and_validation() -> None:
     with pytest.raises(ValueError, match="batch"):
         Dispatcher(batch=0)
     d = Dispatcher(name="steerable-dispatch-stats")
-    assert d.statistics() == {"actors_live": 0, "ready_queue_depth": 0, "messages_handled": 0}
+    assert d.statistics() == {
+        "actors_live": 0,
+        "ready_queue_depth": 0,
+        "messages_handled": 0,
+        "inbox_depth_total": 0,
+        "inbox_depth_max": 0,
+    }
     d.stop()
