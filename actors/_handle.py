@@ -111,7 +111,9 @@ class RunHandle:
             if cell.state.is_terminal or cell.cancel_requested:
                 return False
             cell.cancel_requested = True
-        # Takes effect now, on this thread: tools waiting on their context wake at once.
+        # First tell the supervisor (so it acts before any result the cancellation provokes),
+        # then cancel the scope on this thread: tools waiting on their context wake at once.
+        self._runtime._cancel_now(cell, reason)
         cell.scope.cancel(reason)
 
         def build(seq: int) -> HostMessage:

@@ -343,6 +343,16 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         elif kind is TimerKind.GRACE:
             self._on_grace(key, now)
 
+    def cancel_now(self, reason: str, now: float) -> None:
+        """The host cancelled: act before any result its cancellation provokes arrives.
+
+        `RunHandle.cancel` tells this ahead of cancelling the run's scope, so a tool that
+        stops on the signal reports after it; the stored `CancelRequest` follows with its seq.
+        """
+        self._now = now
+        if self._stage is not Stage.DONE:
+            self._on_cancel(reason, now)
+
     def abort(self, error: AgentError) -> None:
         """End the run in ERROR at once (a defect in the runtime): all work is abandoned."""
         for key in self._work_in_flight():
@@ -386,6 +396,10 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
             self._finish_cancel(now, abandoned=[])
 
     def _on_finish(self, decision: Finish, verdict: str | None, now: float) -> None:
+        if verdict is None and any(isinstance(m, UserMessage) for m in self._pending):
+            # A person spoke while the agent was concluding: the claim is made without their
+            # message, which must not be lost (R20). The agent decides again with it.
+            verdict = "new user messages arrived while the agent was finishing"
         if verdict is None:
             self.output = decision.output
             self._terminate(RunState.FINISHED, None)

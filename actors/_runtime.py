@@ -50,7 +50,7 @@ from ._mux import Dispatcher
 from ._pool import WorkerPool
 from ._replay import Replay, replay_of
 from ._store import CheckpointStore, MemoryStore, RevisionInfo, StoredRun
-from ._supervisor import Begin, ChildDone, RunSupervisor
+from ._supervisor import Begin, CancelNow, ChildDone, RunSupervisor
 from ._timer import TimerService
 from ._tool import Tool, tool
 
@@ -618,6 +618,13 @@ class Runtime:
     def _steering(self, handle: RunHandle) -> SteeringMode:
         entry = self.directory.get(handle.run_id)
         return entry.config.steering if entry is not None else SteeringMode.QUEUE
+
+    def _cancel_now(self, cell: RunCell, reason: str) -> None:
+        entry = self.directory.get(cell.run_id)
+        ref = None if entry is None else entry.ref
+        if ref is not None:  # a passivated run is woken by the stored CancelRequest
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(CancelNow(reason))
 
     def _post(self, cell: RunCell, build: Callable[[int], HostMessage]) -> HostMessage:
         return self.directory.post(cell, build)

@@ -77,6 +77,13 @@ class TimerFired:
 
 
 @dataclass(slots=True)
+class CancelNow:
+    """Message: the host is cancelling the run (ahead of its stored CancelRequest)."""
+
+    reason: str
+
+
+@dataclass(slots=True)
 class ChildDone:
     """Message: the child run of subagent call `call_id` reached its terminal state."""
 
@@ -171,6 +178,9 @@ class RunSupervisor(SteerableActor, MuxActor):
 
     def _on_host(self, message: HostMsg, now: float) -> None:
         self.machine.host(message.message, now)
+
+    def _on_cancel_now(self, message: CancelNow, now: float) -> None:
+        self.machine.cancel_now(message.reason, now)
 
     def _on_child_done(self, message: ChildDone, now: float) -> None:
         if self._children.pop(message.call_id, None) is not None:
@@ -449,6 +459,7 @@ _HANDLERS: dict[type, Callable[[RunSupervisor, Any, float], None]] = {
     TimerFired: RunSupervisor._on_timer,
     HostMsg: RunSupervisor._on_host,
     ChildDone: RunSupervisor._on_child_done,
+    CancelNow: RunSupervisor._on_cancel_now,
     HookDone: RunSupervisor._on_hook_done,
     Begin: RunSupervisor._on_begin,
 }
