@@ -6,6 +6,7 @@ demo also runs in-process, where the autouse fixture checks that it leaves no th
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -66,7 +67,10 @@ DEMO_STORY = [
 ]
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, db: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if db is not None:
+        env["STEERABLE_DB"] = str(db)
     return subprocess.run(
         [sys.executable, *args],
         cwd=ROOT,
@@ -74,6 +78,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=TIMEOUT,
         check=False,
+        env=env,
     )
 
 
@@ -107,8 +112,8 @@ def test_example_runs(path: Path) -> None:
     _assert_in_order(done.stdout.splitlines(), MARKERS.get(path.name, []))
 
 
-def test_cli_demo_tells_the_whole_story() -> None:
-    done = _run("-m", "steerable.actors._cli", "demo")
+def test_cli_demo_tells_the_whole_story(tmp_path: Path) -> None:
+    done = _run("-m", "steerable.actors._cli", "demo", db=tmp_path / "runs.db")
     assert done.returncode == 0, f"steerable demo failed:\n{done.stdout}\n{done.stderr}"
     assert done.stderr == ""
     lines = _normalize(done.stdout)
@@ -127,7 +132,7 @@ def test_run_demo_in_process_is_deterministic_and_leaves_nothing() -> None:
     assert [e.code.value for e in finished.errors] == []
     assert [e.code.value for e in cancelled.errors] == ["cancelled"]
     # The same story every time: only time offsets and run ids differ between runs.
-    second = _run("-m", "steerable.actors._cli", "demo")
+    second = _run("-m", "steerable.actors._cli", "demo", "--memory")
     assert _normalize("\n".join(first)) == _normalize(second.stdout)
 
 
@@ -140,3 +145,29 @@ def test_cli_lists_its_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
         main([])  # a subcommand is required
     assert exit_info.value.code == 2
     assert build_parser().parse_args(["demo"]).command == "demo"
+
+
+def test_cli_reads_the_demo_runs_back_from_sqlite(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    demo = _run("-m", "steerable.actors._cli", "demo", db=db)
+    assert demo.returncode == 0, demo.stderr
+    runs = _run("-m", "steerable.actors._cli", "runs", db=db)
+    assert runs.returncode == 0, runs.stderr
+    rows = [line.split() for line in runs.stdout.splitlines()[1:-1]]
+    assert [(row[1], row[3]) for row in rows] == [
+        ("finished", "release-writer"),
+        ("cancelled", "indexer"),
+    ]
+    run_a = rows[0][0]
+    show = _run("-m", "steerable.actors._cli", "show", run_a, db=db)
+    assert show.returncode == 0, show.stderr
+    assert "state     finished" in show.stdout
+    assert "result c4.0 notify_mirror: error side_effect_unknown" in show.stdout
+    revisions = _run("-m", "steerable.actors._cli", "revisions", run_a, db=db)
+    assert revisions.stdout.splitlines()[1].split()[:2] == ["0", "running"]
+    replay = _run("-m", "steerable.actors._cli", "replay", run_a, "--revision", "3", db=db)
+    assert "replay of " + run_a + " at revision 3 (read-only)" in replay.stdout
+    assert "message_delivered" in replay.stdout
+    missing = _run("-m", "steerable.actors._cli", "show", "run_nope", db=db)
+    assert missing.returncode == 2
+    assert "[not_found]" in missing.stderr
