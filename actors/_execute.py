@@ -55,6 +55,10 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                     self.fx.cancel_work(call.call_id, "interrupt")
             if self._running:
                 self.fx.schedule(TimerKind.GRACE, PLAN_KEY, 0, now + self.config.cancel_grace)
+            if self.state is RunState.WAITING and not self.pending_approvals():
+                # The approvals it waited for were cancelled with the plan.
+                self.waiting_for = None
+                self._set_state(RunState.RUNNING)
             self._after_call(now)
 
     def _on_approval(self, msg: ApprovalDecision, now: float) -> None:

@@ -396,7 +396,11 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
             self._finish_cancel(now, abandoned=[])
 
     def _on_finish(self, decision: Finish, verdict: str | None, now: float) -> None:
-        if verdict is None and any(isinstance(m, UserMessage) for m in self._pending):
+        if (
+            verdict is None
+            and any(isinstance(m, UserMessage) for m in self._pending)
+            and self.model_calls < self.config.max_model_calls
+        ):
             # A person spoke while the agent was concluding: the claim is made without their
             # message, which must not be lost (R20). The agent decides again with it.
             verdict = "new user messages arrived while the agent was finishing"
@@ -490,6 +494,10 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         self.fx.cancel_work(MODEL_KEY, "timeout")
         self.fx.abandon_work(MODEL_KEY)
         self._add_phase(Phase.REASON, now - self._reason_started)
+        if self._stage is Stage.CANCELLING:
+            self._model_discarded = False
+            self._maybe_finish_cancel(now)  # a cancel is final: no retry, no new model call
+            return
         self._stage = Stage.IDLE
         error = AgentError.of(
             ErrorCode.PROVIDER_TIMEOUT,
@@ -552,6 +560,9 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
             self._model_in_flight = False
             self._model_discarded = False
             self.fx.unschedule(TimerKind.MODEL_TIMEOUT, MODEL_KEY)
+            if self._stage is Stage.CANCELLING:
+                self._finish_cancel(now, abandoned=[MODEL_KEY])  # the model never answered
+                return
             self._stage = Stage.IDLE
             self._note(f"model call {self.model_calls} was interrupted by a user message")
             self._boundary(now)
