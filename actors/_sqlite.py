@@ -14,7 +14,7 @@ import queue
 import sqlite3
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -190,7 +190,7 @@ class SqliteStore(CheckpointStore):
 
     # ------------------------------------------------------------------ writes
 
-    def _submit(self, op: tuple[Any, ...], wait: bool) -> None:
+    def _check_open(self) -> None:
         if self._closed:
             raise SteerableError(AgentError.of(ErrorCode.RUN_ENDED, "the store is closed"))
         if self._failed is not None:
@@ -199,6 +199,9 @@ class SqliteStore(CheckpointStore):
                     ErrorCode.INTERNAL_ERROR, f"the store's writer failed: {self._failed!r}"
                 )
             )
+
+    def _submit(self, op: tuple[Any, ...], wait: bool) -> None:
+        self._check_open()
         if not wait:
             self._queue.put((op, None))
             return
@@ -223,11 +226,15 @@ class SqliteStore(CheckpointStore):
         snapshot: dict[str, Any],
         entries_from: int,
         entries: Sequence[TranscriptEntry],
+        on_stored: Callable[[], None] | None = None,
     ) -> None:
-        """Queue a checkpoint; encoded and committed on the writer thread."""
-        self._submit(
-            ("checkpoint", run_id, revision, snapshot, entries_from, list(entries)), wait=False
-        )
+        """Queue a checkpoint; encoded and committed on the writer thread, then `on_stored`."""
+        op = ("checkpoint", run_id, revision, snapshot, entries_from, list(entries))
+        if on_stored is None:
+            self._submit(op, wait=False)
+        else:
+            self._check_open()
+            self._queue.put((op, on_stored))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued write is committed."""
@@ -291,7 +298,7 @@ class SqliteStore(CheckpointStore):
             if not isinstance(exc, sqlite3.OperationalError):
                 self._failed = exc
             for _, done in batch:
-                if done is not None and not done.done():
+                if isinstance(done, Future) and not done.done():
                     done.set_exception(
                         SteerableError(
                             AgentError.of(ErrorCode.INTERNAL_ERROR, f"storing failed: {exc!r}")
@@ -299,8 +306,14 @@ class SqliteStore(CheckpointStore):
                     )
             return
         for _, done in batch:
-            if done is not None and not done.done():
-                done.set_result(None)
+            if isinstance(done, Future):
+                if not done.done():
+                    done.set_result(None)
+            elif done is not None:
+                try:
+                    done()  # on_stored: a tell to the run that waits for this revision
+                except Exception:  # noqa: BLE001 - the writer must go on
+                    _log.error("on_stored_failed", exc_info=True)
 
     def _apply(self, conn: sqlite3.Connection, op: tuple[Any, ...]) -> None:
         kind = op[0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,11 +166,14 @@ class CheckpointStore(ABC):
         snapshot: dict[str, Any],
         entries_from: int,
         entries: Sequence[TranscriptEntry],
+        on_stored: Callable[[], None] | None = None,
     ) -> None:
         """Store revision `revision`: `snapshot` (a RunSnapshot body) and the new entries.
 
         May return before the data is on disk (a writer thread), but revisions of one run
         are stored in order and a later `load` sees every revision written before it.
+        `on_stored()` is called once the revision is stored (committed, for a durable store);
+        it must be quick (a `tell`).
         """
 
     @abstractmethod
@@ -244,6 +247,7 @@ class MemoryStore(CheckpointStore):
         snapshot: dict[str, Any],
         entries_from: int,
         entries: Sequence[TranscriptEntry],
+        on_stored: Callable[[], None] | None = None,
     ) -> None:
         dynamic = {k: v for k, v in snapshot.items() if k not in _STATIC}
         with self._lock:
@@ -257,6 +261,8 @@ class MemoryStore(CheckpointStore):
             run.revisions.append(dynamic)
             if not snapshot["plan"]:
                 run.journal.clear()  # the plan's results are in the transcript now
+        if on_stored is not None:
+            on_stored()
 
     def load(self, run_id: str, revision: int | None = None) -> StoredRun:
         with self._lock:

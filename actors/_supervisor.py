@@ -29,6 +29,7 @@ from steerable.protocol import (
     RunEvent,
     RunOutcome,
     RunView,
+    SideEffect,
     SubagentResult,
     ToolResult,
     TranscriptEntry,
@@ -74,6 +75,13 @@ class TimerFired:
     kind: TimerKind
     key: str
     attempt: int
+
+
+@dataclass(slots=True)
+class Stored:
+    """Message: the store holds revision `revision` of this run (committed)."""
+
+    revision: int
 
 
 @dataclass(slots=True)
@@ -126,6 +134,9 @@ class RunSupervisor(SteerableActor, MuxActor):
         self._async_decide = inspect.iscoroutinefunction(getattr(agent, "decide", None))
         self._work: dict[str, _Work] = {}
         self._children: dict[str, str] = {}  # call id -> child run id, while it runs
+        # The latest revision the store holds: a restored run came from it.
+        self._stored = cell.revision
+        self._held: list[tuple[int, CallJob]] = []  # writes waiting for their checkpoint
         self._timers: dict[tuple[TimerKind, str], Any] = {}
         self._hooks_pending = 0
         self._hook_jobs: list[HookJob] = []
@@ -237,9 +248,39 @@ class RunSupervisor(SteerableActor, MuxActor):
             job.report(self.services.clock.now(), None, RuntimeError("the runtime is shut down"))
 
     def dispatch(self, job: CallJob) -> None:
-        """Run one tool call attempt on a worker, or on the event loop for `async def` tools."""
-        services = self.services
+        """Run one tool call attempt on a worker, or on the event loop for `async def` tools.
+
+        Write-ahead (R4, R21): a call with side effects starts only once the checkpoint that
+        holds its idempotency key is stored, so a crash can never leave a write whose key no
+        checkpoint knows. Side-effect-free calls start at once.
+        """
         tool = self.tools[job.tool]
+        if tool.spec.side_effect is not SideEffect.NONE and self._stored < self.cell.revision:
+            self._held.append((self.cell.revision, job))
+            return
+        self._start_call(tool, job)
+
+    def _on_stored(self, message: Stored, now: float) -> None:
+        self._stored = max(self._stored, message.revision)
+        held, self._held = self._held, []
+        for revision, job in held:
+            if revision <= self._stored:
+                self._start_call(self.tools[job.tool], job)
+            else:
+                self._held.append((revision, job))
+
+    def _release_held(self, key: str, error: AgentError | None) -> bool:
+        """Drop a call still waiting for its checkpoint; report `error` for it if given."""
+        for index, (_, job) in enumerate(self._held):
+            if job.call_id == key:
+                del self._held[index]
+                if error is not None:
+                    self.actor_ref.tell(ToolDone(job.call_id, job.attempt, None, error))
+                return True
+        return False
+
+    def _start_call(self, tool: Tool[Any, Any], job: CallJob) -> None:
+        services = self.services
         scope = self.cell.scope.child(job.deadline)
         ctx = ToolContext(
             run_id=self.cell.run_id,
@@ -293,6 +334,16 @@ class RunSupervisor(SteerableActor, MuxActor):
         work = self._work.get(key)
         if work is not None:
             work.scope.cancel(reason)
+        elif self._held:
+            self._release_held(
+                key,
+                AgentError.of(
+                    ErrorCode.CANCELLED,
+                    f"{key} was cancelled ({reason}) before it started",
+                    call_id=key,
+                    reason=reason,
+                ),
+            )
 
     def abandon_work(self, key: str) -> None:
         """Stop waiting for work that did not stop; its worker is never reused (T3)."""
@@ -302,6 +353,7 @@ class RunSupervisor(SteerableActor, MuxActor):
             return
         work = self._work.pop(key, None)
         if work is None:
+            self._release_held(key, None)
             return
         work.scope.cancel("abandoned")
         work.scope.detach()
@@ -384,8 +436,18 @@ class RunSupervisor(SteerableActor, MuxActor):
     ) -> None:
         """Write one revision (a durable store encodes and writes on its own thread)."""
         snapshot["updated_at"] = self.services.clock.wall()
-        self.services.store.write_checkpoint(
-            self.cell.run_id, revision, snapshot, entries_from, entries
+        store = self.services.store
+        on_stored = None
+        if store.durable:
+            ref = self.actor_ref
+
+            def on_stored() -> None:
+                with contextlib.suppress(pykka.ActorDeadError):
+                    ref.tell(Stored(revision))
+        else:
+            self._stored = revision  # an in-process store has it once the call returns
+        store.write_checkpoint(
+            self.cell.run_id, revision, snapshot, entries_from, entries, on_stored
         )
         cell = self.cell
         cell.revision = revision
@@ -460,6 +522,7 @@ _HANDLERS: dict[type, Callable[[RunSupervisor, Any, float], None]] = {
     HostMsg: RunSupervisor._on_host,
     ChildDone: RunSupervisor._on_child_done,
     CancelNow: RunSupervisor._on_cancel_now,
+    Stored: RunSupervisor._on_stored,
     HookDone: RunSupervisor._on_hook_done,
     Begin: RunSupervisor._on_begin,
 }
