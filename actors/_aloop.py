@@ -110,11 +110,14 @@ class AsyncRunner:
             loop.call_soon_threadsafe(self._create_task, handle, factory, on_done)
         return handle
 
-    def shutdown(self, timeout: float = 5.0) -> None:
+    def shutdown(self, timeout: float = 5.0) -> list[str]:
         """Cancel the remaining tasks, stop the loop and join its thread, within `timeout` s.
 
         Cancelled tasks' `on_done` callbacks run before the loop stops. Idempotent. A
         coroutine that ignores cancellation past the deadline is left on a daemon thread (logged).
+
+        Returns:
+            The loop thread's name if it is still alive, else an empty list.
         """
         deadline = _clock.now() + max(0.0, timeout)
         with self._lock:
@@ -124,10 +127,12 @@ class AsyncRunner:
             if first and loop is not None:
                 loop.call_soon_threadsafe(self._begin_shutdown, timeout)
         if thread is None or thread is threading.current_thread():
-            return  # never started, or called from on_done: cannot join the loop from itself
+            return []  # never started, or called from on_done: cannot join the loop from itself
         thread.join(max(0.0, deadline - _clock.now()))
         if thread.is_alive():
             _log.warning("asyncio_loop_not_stopped", thread=thread.name, timeout=timeout)
+            return [thread.name]
+        return []
 
     def statistics(self) -> dict[str, int]:
         """`tasks_running`: submitted, `on_done` not yet called; `tasks_done`: called."""

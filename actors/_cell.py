@@ -62,6 +62,8 @@ class RunCell:
         self.lock = threading.Lock()
         self.next_seq = next_seq
         self.cancel_requested = False
+        self.stored = threading.Event()
+        """Set once the store holds a revision of this run (durable `start()` waits for it)."""
         self._approvals: dict[str, ApprovalRequest] = {}
         self._approvals_open = True
 

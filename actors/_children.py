@@ -78,6 +78,8 @@ class ChildrenMixin(MachineBase):
             )
         if error is not None:
             self._child_failed_now(call, error)
+        else:  # derived, so the plan's checkpoint already names the child (R3)
+            call.child = child_run_id(self.run_id, cid)
         return call
 
     def _child_failed_now(self, call: Call, error: AgentError) -> None:
@@ -124,6 +126,7 @@ class ChildrenMixin(MachineBase):
         if not call.counted:  # a child re-dispatched after a crash is the same child
             call.counted = True
             self.children_started += 1
+        call.child = child_run_id(self.run_id, call.call_id)
         args = call.arguments
         deadline = self.deadline
         self.fx.emit(
@@ -178,6 +181,8 @@ class ChildrenMixin(MachineBase):
         if not ok:
             last = outcome.error
             code = ErrorCode.CANCELLED if call.cancel_reason else ErrorCode.SUBAGENT_FAILED
+            if last is not None and last.code is ErrorCode.UNKNOWN_AGENT:
+                code = ErrorCode.UNKNOWN_AGENT  # the child could not even start
             error = AgentError.of(
                 code,
                 f"subagent {call.name} ended {outcome.state.value}"

@@ -28,7 +28,9 @@ from steerable.protocol import (
     HostMessage,
     RunConfig,
     RunEvent,
+    RunMetrics,
     SteerableError,
+    SubagentResult,
 )
 
 from ._cell import RunCell
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["RunDirectory", "RunEntry"]
 
 _log = structlog.get_logger("steerable.directory")
+_STORED_WAIT = 30.0  # seconds a message waits for its run's first stored revision
 
 Hook = Callable[[RunEvent], object]
 
@@ -64,6 +67,9 @@ class RunEntry:
     ref: pykka.ActorRef[RunSupervisor] | None = None
     deadline: float | None = None
     """The run's absolute (monotonic) deadline, kept while passivated."""
+    arguments: dict[str, dict[str, Any]] | None = None
+    """Validated arguments of the parked plan's calls, kept in memory while passivated (the
+    store has secrets only as references)."""
 
 
 def ended_error(run_id: str, why: str = "ended") -> SteerableError:
@@ -167,10 +173,12 @@ class RunDirectory:
         fork: ForkOrigin | None = None,
         run_id: str | None = None,
         config: RunConfig | None = None,
+        arguments: dict[str, dict[str, Any]] | None = None,
     ) -> Callable[[RunSupervisor], RunMachine]:
         """A machine factory that restores `stored` (for resume, wake and fork)."""
         snap = stored.snapshot
         clock = self.services.clock
+        children = self._child_metrics(stored) if fork is None else {}
 
         def factory(sup: RunSupervisor) -> RunMachine:
             machine = RunMachine(
@@ -190,12 +198,24 @@ class RunDirectory:
                 created_at=clock.wall() if fork is not None else snap.created_at,
                 subagents=self.services.agents,
             )
-            machine.restore(stored, fork=fork)
+            machine.restore(stored, fork=fork, arguments=arguments, children=children)
             if entry.deadline is not None and fork is None:
                 machine._deadline_left = max(0.0, entry.deadline - clock.now())
             return machine
 
         return factory
+
+    def _child_metrics(self, stored: StoredRun) -> dict[str, RunMetrics]:
+        """What each child whose result is journaled used: the parent's last checkpoint
+        predates that result, so the usage must be added again on restore."""
+        out: dict[str, RunMetrics] = {}
+        for call_id, result in stored.journal.items():
+            if isinstance(result, SubagentResult) and result.child_run_id:
+                try:
+                    out[call_id] = self.store.load(result.child_run_id).snapshot.metrics
+                except SteerableError:
+                    _log.warning("child_metrics_missing", child_run_id=result.child_run_id)
+        return out
 
     # ------------------------------------------------------------------ messages
 
@@ -205,6 +225,16 @@ class RunDirectory:
         if entry is None:
             raise ended_error(cell.run_id, "is not live")
         store = self.store
+        if store.durable and not cell.stored.is_set() and not cell.stored.wait(_STORED_WAIT):
+            # A message for a run the store does not know yet would be lost with it in a
+            # crash: accepting means storing both (the first revision is milliseconds away).
+            raise SteerableError(
+                AgentError.of(
+                    ErrorCode.RESOURCE_EXHAUSTED,
+                    f"run {cell.run_id} has no stored revision after {_STORED_WAIT}s; not accepted",
+                    run_id=cell.run_id,
+                )
+            )
 
         def deliver(message: HostMessage) -> None:
             store.append_message(cell.run_id, message)  # stored before send() returns
@@ -251,6 +281,7 @@ class RunDirectory:
                 return
             entry.ref = None
             entry.deadline = sup.machine.deadline
+            entry.arguments = {c.call_id: c.arguments for c in sup.machine.plan if c.result is None}
         # Its timers are cancelled as it stops; its checkpoint may still be in the store's
         # writer queue, which `load` flushes before reading (the dispatcher never waits on it).
         sup.actor_ref.stop(block=False)
@@ -269,9 +300,10 @@ class RunDirectory:
         """Restart a passivated run's supervisor from its checkpoint (caller holds cell.lock)."""
         stored = self.store.load(entry.cell.run_id)
         self.wakes += 1
+        kept, entry.arguments = entry.arguments, None
         self._start_supervisor(
             entry,
-            self.restored_machine(entry, stored),
+            self.restored_machine(entry, stored, arguments=kept),
             Begin(resume=True, messages=tuple(stored.messages), wake=True),
         )
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Secret, SecretBytes, SecretStr
+
 from steerable.protocol import (
     AgentError,
     ApprovalDecision,
     CallStatus,
+    DecisionEntry,
     ErrorCode,
     EventKind,
     Phase,
@@ -22,12 +25,15 @@ from steerable.protocol import (
 )
 from steerable.protocol._ids import call_id as make_call_id
 from steerable.protocol._ids import idempotency_key
+from steerable.protocol.codec import redact
 
 from ._children import ChildrenMixin
 from ._effects import CallJob, TimerKind
 from ._machine_base import MODEL_KEY, PLAN_KEY, Call, MachineBase, Stage, cancelled, jitter_unit
 
 __all__ = ["ExecutionMixin"]
+
+_SECRETS = (SecretStr, SecretBytes, Secret)
 
 
 class ExecutionMixin(ChildrenMixin, MachineBase):
@@ -118,6 +124,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 "max_steps", self.config.max_steps, planned=executable, steps_left=steps_left
             )
             return
+        self._redact_decision(plan, calls)
         short = self._reserve(calls, executable)
         if short is not None:
             # Children cannot get a share of a budget that is used up: no half-run plans.
@@ -145,6 +152,33 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             self.waiting_for = WaitingFor.APPROVAL
             self._set_state(RunState.WAITING, approvals=len(approvals))
         self._after_call(now)
+
+    def _redact_decision(self, plan: Plan, calls: list[Call]) -> None:
+        """R26: an argument the tool declares secret never reaches the transcript in clear.
+
+        The agent may pass a credential as a plain string to a `SecretStr` parameter; the
+        validated call holds the secret, and the recorded decision gets its reference.
+        """
+        secret = [any(isinstance(v, _SECRETS) for v in c.arguments.values()) for c in calls]
+        if not any(secret):
+            return
+        steps: list[ToolCall | SubagentCall] = []
+        for step, call, has_secret in zip(plan.steps, calls, secret, strict=True):
+            if has_secret and isinstance(step, ToolCall):
+                arguments = {
+                    k: redact(call.arguments[k])
+                    if isinstance(call.arguments.get(k), _SECRETS)
+                    else v
+                    for k, v in step.arguments.items()
+                }
+                steps.append(ToolCall(name=step.name, arguments=arguments))
+            else:
+                steps.append(step)
+        entry = self.transcript[-1]
+        assert isinstance(entry, DecisionEntry)
+        self.transcript[-1] = DecisionEntry(
+            model_call=entry.model_call, decision=plan.model_copy(update={"steps": tuple(steps)})
+        )
 
     def _plan_call(self, index: int, cid: str, key: str, step: ToolCall) -> tuple[Call, bool]:
         """Turn one plan step into a call; unknown tools and bad arguments resolve at once."""

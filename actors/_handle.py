@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING
 
 from steerable.protocol import (
@@ -77,8 +78,17 @@ class RunHandle:
 
         Raises:
             SteerableError: code `run_ended` if the run is already terminal.
+            ValueError: `mode` is not "queue" or "interrupt", or `content` is not valid
+                Unicode text (e.g. a lone surrogate). Nothing is sent.
         """
-        steering = SteeringMode(mode) if mode is not None else self._runtime._steering(self)
+        try:
+            steering = SteeringMode(mode) if mode is not None else self._runtime._steering(self)
+        except ValueError:
+            raise ValueError(f"mode must be 'queue' or 'interrupt', not {mode!r}") from None
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError as exc:  # lone surrogates: no store could keep the text
+            raise ValueError(f"content is not valid Unicode text: {exc.reason}") from None
 
         def build(seq: int) -> HostMessage:
             return UserMessage(
@@ -119,10 +129,10 @@ class RunHandle:
         def build(seq: int) -> HostMessage:
             return CancelRequest(seq=seq, reason=reason, at=self._runtime.clock.wall())
 
-        try:
+        # Recorded in order (and stored): what a crash recovery sees. The run may already
+        # have ended from the signal above; the cancel took effect either way.
+        with contextlib.suppress(SteerableError):
             self._post(build)
-        except SteerableError:
-            return False
         return True
 
     def result(self, timeout: float | None = None) -> RunOutcome:

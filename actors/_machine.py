@@ -171,6 +171,7 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         self._now = 0.0
         self._deadline_left: float | None = None
         self._parked_revision = -2
+        self._fork_waits = False
         self.subagents = frozenset(subagents)
         self.children_started = 0
         self.forked_from: ForkOrigin | None = None

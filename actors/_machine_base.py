@@ -69,6 +69,7 @@ class Call:
         "attempt",
         "call_id",
         "cancel_reason",
+        "child",
         "counted",
         "first_dispatch",
         "index",
@@ -107,6 +108,7 @@ class Call:
         self.cancel_reason: str | None = None
         self.retry_pending = False
         self.counted = False
+        self.child: str | None = None  # a subagent call's child run id, once started
 
     def snapshot(self) -> dict[str, Any]:
         """The call as a `PlannedCall` body."""
@@ -118,9 +120,7 @@ class Call:
             "idempotency_key": self.key,
             "status": str(self.status),
             "attempts": self.attempt,
-            "child_run_id": None
-            if self.kind != "subagent" or self.result is None
-            else getattr(self.result, "child_run_id", None) or None,
+            "child_run_id": self.child,
         }
 
 
@@ -196,6 +196,7 @@ class MachineBase:
     _now: float
     _deadline_left: float | None
     _parked_revision: int
+    _fork_waits: bool
 
     # Loop methods the other parts call (defined in `_machine.py`).
     def _boundary(self, now: float) -> None:

@@ -20,13 +20,17 @@ from steerable.protocol import (
     RunState,
     SubagentResult,
     ToolResult,
+    Usage,
     WaitingFor,
 )
 from steerable.protocol._ids import idempotency_key
 
 from ._effects import TimerKind
-from ._machine_base import RUN_KEY, Call, MachineBase, Stage
+from ._machine_base import RUN_KEY, Call, MachineBase, Stage, ToolLike
 from ._store import StoredRun
+
+SECRET_REF = "secret:sha256:"
+"""How the codec stores a secret (R26); such an argument cannot be restored."""
 
 __all__ = ["PersistenceMixin"]
 
@@ -120,19 +124,27 @@ class PersistenceMixin(MachineBase):
 
     # ------------------------------------------------------------------ restore
 
-    def restore(self, stored: StoredRun, *, fork: ForkOrigin | None = None) -> None:
+    def restore(
+        self,
+        stored: StoredRun,
+        *,
+        fork: ForkOrigin | None = None,
+        arguments: dict[str, dict[str, Any]] | None = None,
+        children: dict[str, RunMetrics] | None = None,
+    ) -> None:
         """Load a stored run into this (fresh) machine, without acting.
 
         For a resume (R3, R21) the run keeps its id and continues at revision + 1. For a
         fork (R23) this machine has a new run id: the origin's history is copied, calls
         without a result start afresh with this run's keys, and approvals are asked again.
+        `arguments` are validated call arguments kept in memory across a passivation: they
+        hold what the store holds only as references (secrets, R26). `children` are the
+        metrics of children whose results were journaled after the checkpoint: their usage
+        rolls up into this run again.
         """
         snap = stored.snapshot
         self.transcript = list(stored.transcript)
         self._checkpointed_len = 0 if fork is not None else len(self.transcript)
-        self.children_started = sum(
-            1 for e in stored.transcript if isinstance(e, SubagentResult) and e.child_run_id
-        ) + sum(1 for pc in snap.plan if pc.kind == "subagent" and pc.status is CallStatus.RUNNING)
         self.model_calls = snap.model_calls
         self.steps = snap.steps
         self.decisions = snap.decisions
@@ -145,6 +157,13 @@ class PersistenceMixin(MachineBase):
         self._static_cache = None
         if fork is not None:
             self.plan = [self._fresh_call(pc) for pc in snap.plan]
+            # A fork of a run that waited for its user waits for its own answer.
+            self._fork_waits = (
+                snap.state is RunState.WAITING
+                and snap.waiting_for is WaitingFor.USER
+                and not snap.plan
+            )
+            self._count_children(stored)
             return
         self.state = snap.state
         self.waiting_for = snap.waiting_for
@@ -153,10 +172,32 @@ class PersistenceMixin(MachineBase):
         self.revision = snap.revision
         self.last_seq = snap.last_seq
         self._pending = list(snap.pending_messages)
-        self.plan = [self._restored_call(pc, stored.journal.get(pc.call_id)) for pc in snap.plan]
+        kept = arguments or {}
+        self.plan = [
+            self._restored_call(pc, stored.journal.get(pc.call_id), kept.get(pc.call_id))
+            for pc in snap.plan
+        ]
         self._deadline_left = snap.deadline_left
+        self._count_children(stored)
+        for metrics in (children or {}).values():
+            self.steps += metrics.steps
+            self.model_calls += metrics.model_calls
+            self.usage = self.usage + Usage(
+                input_tokens=metrics.input_tokens, output_tokens=metrics.output_tokens
+            )
 
-    def _restored_call(self, pc: PlannedCall, result: ToolResult | SubagentResult | None) -> Call:
+    def _count_children(self, stored: StoredRun) -> None:
+        """Children already started count toward `max_children` after a restart too."""
+        done = sum(1 for e in stored.transcript if isinstance(e, SubagentResult) and e.child_run_id)
+        started = sum(1 for c in self.plan if c.kind == "subagent" and c.counted)
+        self.children_started = done + started
+
+    def _restored_call(
+        self,
+        pc: PlannedCall,
+        result: ToolResult | SubagentResult | None,
+        kept: dict[str, Any] | None = None,
+    ) -> Call:
         tool = self.tools.get(pc.name) if pc.kind == "tool" else None
         call = Call(
             len(self.plan),
@@ -169,13 +210,52 @@ class PersistenceMixin(MachineBase):
         )
         call.status = pc.status
         call.attempt = pc.attempts
-        if pc.kind == "subagent":
-            call.counted = pc.status is not CallStatus.PENDING
-        call.counted = pc.status in (CallStatus.RUNNING, CallStatus.DONE) and pc.attempts > 0
+        call.child = pc.child_run_id
+        if pc.kind == "subagent":  # started: dispatched, or finished with its child's result
+            call.counted = pc.status is not CallStatus.PENDING or bool(
+                getattr(result, "child_run_id", "")
+            )
+        else:
+            call.counted = pc.status in (CallStatus.RUNNING, CallStatus.DONE) and pc.attempts > 0
         if result is not None:
             call.status = CallStatus.DONE
             call.result = result
+        elif kept is not None:
+            call.arguments = kept
+        elif tool is not None and call.status is not CallStatus.DONE:
+            self._revalidate(call, tool)
         return call
+
+    def _revalidate(self, call: Call, tool: ToolLike) -> None:
+        """Stored arguments are their JSON form: validate them again for the tool (R21).
+
+        A secret argument is stored only as its reference (R26) and cannot be restored: the
+        call ends `invalid_arguments`, and the agent must supply the secret again.
+        """
+        error = None
+        if any(isinstance(v, str) and v.startswith(SECRET_REF) for v in call.arguments.values()):
+            error = AgentError.of(
+                ErrorCode.INVALID_ARGUMENTS,
+                f"a secret argument of {call.name} is stored only as a reference and cannot "
+                "be restored; call the tool again with the secret",
+                tool=call.name,
+                call_id=call.call_id,
+            )
+        else:
+            try:
+                call.arguments = tool.validate(call.arguments)
+            except Exception as exc:  # noqa: BLE001 - the tool changed; reported to the agent
+                details = getattr(exc, "error", None)
+                error = (
+                    details
+                    if isinstance(details, AgentError)
+                    else AgentError.of(ErrorCode.INVALID_ARGUMENTS, str(exc), tool=call.name)
+                )
+        if error is not None:
+            call.status = CallStatus.DONE
+            call.result = ToolResult(
+                call_id=call.call_id, tool=call.name, ok=False, error=error, attempts=call.attempt
+            )
 
     def _fresh_call(self, pc: PlannedCall) -> Call:
         tool = self.tools.get(pc.name) if pc.kind == "tool" else None
@@ -191,6 +271,8 @@ class PersistenceMixin(MachineBase):
         )
         if call.needs_approval:
             call.status = CallStatus.AWAITING_APPROVAL  # R23: approvals are not carried over
+        if tool is not None:
+            self._revalidate(call, tool)
         return call
 
     def resume(
@@ -211,39 +293,10 @@ class PersistenceMixin(MachineBase):
         if self.state.is_terminal:
             self.fx.settled(self.outcome())
             return
-        left = getattr(self, "_deadline_left", None)
-        if self.config.total_timeout is not None:
-            self.deadline = now + (self.config.total_timeout if left is None else left)
-            self.fx.schedule(TimerKind.RUN_DEADLINE, RUN_KEY, 0, self.deadline)
-        if self.state is RunState.IDLE:
-            self._set_state(RunState.RUNNING)
-        if not wake:
-            self.fx.emit(
-                EventKind.RUN_STARTED,
-                Phase.LOAD,
-                {
-                    "task": self.task,
-                    "agent": self.agent,
-                    "depth": self.depth,
-                    "resumed_from": self.revision,
-                    "forked_from": None
-                    if self.forked_from is None
-                    else self.forked_from.model_dump(mode="json"),
-                },
-            )
-        if self.plan:
-            self._stage = Stage.EXECUTING
-            self._exec_started = now
-            for call in self.plan:
-                self._settle_restored(call, now, announce=not wake)
-        elif self.state is RunState.WAITING and self.waiting_for is WaitingFor.USER:
-            self._stage = Stage.WAITING_USER
-        else:
-            self._stage = Stage.IDLE
+        self._resume_clock_and_state(now, announce=not wake)
+        self._resume_position(now, announce=not wake)
         for message in sorted(messages, key=lambda m: m.seq):
             self.host(message, now)
-        if self._stage is Stage.DONE:
-            return
         if self._stage is Stage.WAITING_USER:
             self._parked_revision = self.revision  # its checkpoint is the waiting one
         elif self._stage is Stage.EXECUTING:
@@ -253,6 +306,45 @@ class PersistenceMixin(MachineBase):
             self._after_call(now)
         elif self._stage is Stage.IDLE:
             self._boundary(now)
+
+    def _resume_clock_and_state(self, now: float, *, announce: bool) -> None:
+        left = self._deadline_left
+        if self.config.total_timeout is not None:
+            self.deadline = now + (self.config.total_timeout if left is None else left)
+            self.fx.schedule(TimerKind.RUN_DEADLINE, RUN_KEY, 0, self.deadline)
+        if self._fork_waits:
+            self.waiting_for = WaitingFor.USER
+            self._set_state(RunState.WAITING)
+        elif self.state is RunState.IDLE:
+            self._set_state(RunState.RUNNING)
+        if announce:
+            forked = self.forked_from
+            self.fx.emit(
+                EventKind.RUN_STARTED,
+                Phase.LOAD,
+                {
+                    "task": self.task,
+                    "agent": self.agent,
+                    "depth": self.depth,
+                    "resumed_from": self.revision,
+                    "forked_from": None if forked is None else forked.model_dump(mode="json"),
+                },
+            )
+
+    def _resume_position(self, now: float, *, announce: bool) -> None:
+        if self.plan:
+            self._stage = Stage.EXECUTING
+            self._exec_started = now
+            for call in self.plan:
+                self._settle_restored(call, now, announce=announce)
+        elif self.state is RunState.WAITING and self.waiting_for is WaitingFor.USER:
+            self._stage = Stage.WAITING_USER
+        else:
+            self._stage = Stage.IDLE
+        if self.revision < 0 and self._stage is not Stage.IDLE:
+            # A fork's first revision holds its copied history before anything runs (and
+            # before any write starts: write-ahead).
+            self._checkpoint()
 
     def _settle_restored(self, call: Call, now: float, *, announce: bool) -> None:
         """Decide what happens to one call of a restored plan."""
@@ -265,6 +357,19 @@ class PersistenceMixin(MachineBase):
                 {"call_id": call.call_id, "tool": call.name, "arguments": call.arguments},
             )
             return
+        resumed = self.revision >= 0  # a fork (no revision yet) starts its calls afresh
+        unknown_write = (
+            call.kind == "tool"
+            and call.status is CallStatus.PENDING
+            and resumed
+            and announce
+            and call.spec is not None
+            and not call.spec.redispatch_safe
+        )
+        if unknown_write:
+            # Its checkpoint was stored, so it may have started before the process stopped:
+            # the runtime cannot tell, and never guesses (R15).
+            call.status = CallStatus.RUNNING
         if call.status is not CallStatus.RUNNING:
             return
         if call.kind == "subagent":

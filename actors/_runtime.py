@@ -57,6 +57,7 @@ from ._tool import Tool, tool
 __all__ = ["Agent", "RunTree", "Runtime", "Services"]
 
 _log = structlog.get_logger("steerable.runtime")
+_MIN_CHILD_SECONDS = 1e-3  # a child started with no time left still gets a deadline
 
 Agent = Any
 """An agent: any object with `decide(view) -> Decision` (plain or async) and optional `name`."""
@@ -130,6 +131,8 @@ class Runtime:
             before starting threads. Default None: the process's setting is left alone.
         passivate: Runs waiting for a person give up their supervisor and are woken by
             their next message (MISSION.md "Passivation"). Default True.
+        hook_workers: Threads that run hooks (each run's hooks run one at a time, in order;
+            a hung hook holds one thread until `hook_timeout`). Default 8.
     """
 
     def __init__(
@@ -147,6 +150,7 @@ class Runtime:
         hook_timeout: float = 5.0,
         thread_stack_size: int | None = None,
         passivate: bool = True,
+        hook_workers: int = 8,
     ) -> None:
         if thread_stack_size is not None:
             threading.stack_size(thread_stack_size)
@@ -169,7 +173,9 @@ class Runtime:
             max_abandoned=max_abandoned,
             name="ToolWorker",
         )
-        hook_pool = WorkerPool(max_workers=1, max_abandoned=max_abandoned, name="steerable-hooks")
+        hook_pool = WorkerPool(
+            max_workers=hook_workers, max_abandoned=max_abandoned, name="steerable-hooks"
+        )
         self.services = Services(
             clock=self.clock,
             dispatcher=dispatcher,
@@ -320,6 +326,7 @@ class Runtime:
             next_seq=max([snap.last_seq, *(m.seq for m in stored.messages)]) + 1,
         )
         cell.revision = snap.revision
+        cell.stored.set()  # the store holds it already
         entry = self._entry(cell, agent, snap.config, accept, hooks, compatibility, tools)
         self._check_compatible(snap, entry, compatibility, override)
         if snap.state.is_terminal:
@@ -413,10 +420,13 @@ class Runtime:
             SteerableError: `not_found` if neither knows the run.
         """
         summaries = {s.run_id: s for s in self.store.runs()}
-        children: dict[str, list[str]] = {}
+        children: dict[str, set[str]] = {}
         for summary in summaries.values():
             if summary.parent_run_id is not None:
-                children.setdefault(summary.parent_run_id, []).append(summary.run_id)
+                children.setdefault(summary.parent_run_id, set()).add(summary.run_id)
+        for live in self.directory.entries():  # a child may not have checkpointed yet
+            if live.cell.parent_run_id is not None:
+                children.setdefault(live.cell.parent_run_id, set()).add(live.cell.run_id)
 
         def build(rid: str) -> RunTree:
             entry = self.directory.get(rid)
@@ -518,7 +528,7 @@ class Runtime:
         services.timer.stop(timeout=max(0.1, deadline - self.clock.now()))
         left = services.pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += services.hook_pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
-        services.aloop.shutdown(timeout=max(0.1, deadline - self.clock.now()))
+        left += services.aloop.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         self.store.close()
         if left:
             _log.warning("threads_abandoned_at_shutdown", threads=left)
@@ -657,8 +667,23 @@ class Runtime:
             live.cell.on_settle(report)
             return
         parent_entry = self.directory.get(parent_id)
+        if parent_entry is None:
+            return  # the parent ended meanwhile: nobody waits for this child
         agent = self.agents.get(job.agent)
-        if parent_entry is None or agent is None:
+        if agent is None:  # e.g. a parent resumed (override=True) without that agent
+            report(
+                RunOutcome(
+                    run_id=job.run_id,
+                    state=RunState.ERROR,
+                    errors=(
+                        AgentError.of(
+                            ErrorCode.UNKNOWN_AGENT,
+                            f"no subagent named {job.agent!r} is registered",
+                            agent=job.agent,
+                        ),
+                    ),
+                )
+            )
             return
         try:
             stored: StoredRun | None = self.store.load(job.run_id)
@@ -676,7 +701,9 @@ class Runtime:
                 "max_steps": job.max_steps,
                 "max_model_calls": job.max_model_calls,
                 "token_budget": job.token_budget,
-                "total_timeout": job.seconds_left or None,
+                "total_timeout": None
+                if job.seconds_left is None
+                else max(job.seconds_left, _MIN_CHILD_SECONDS),
             }
         )
         entry = self._entry(cell, agent, config, None, None, None, None)
@@ -698,6 +725,8 @@ class Runtime:
                 )
                 return
             cell.next_seq = max([stored.snapshot.last_seq, *(m.seq for m in stored.messages)]) + 1
+            cell.revision = stored.snapshot.revision
+            cell.stored.set()
             self.directory.launch(
                 entry,
                 self.directory.restored_machine(entry, stored),

@@ -413,11 +413,12 @@ class RunSupervisor(SteerableActor, MuxActor):
                     parent_run_id=cell.parent_run_id,
                 )
                 job = HookJob(callbacks, event, self.actor_ref)
-                self._hooks_pending += 1
+                # One hook job of this run at a time: its hooks stay in order while other
+                # runs' hooks use other hook workers (a hung hook costs only its own run).
                 self._hook_jobs.append(job)
-                if not self.services.hook_pool.submit(job):
-                    self._hooks_pending -= 1
-                    self._hook_jobs.remove(job)
+                self._hooks_pending += 1
+                if len(self._hook_jobs) == 1:
+                    self._submit_hook()
 
     def journal(self, result: ToolResult | SubagentResult) -> None:
         """Store a result as it arrives (the durable inbox of tool results).
@@ -440,12 +441,15 @@ class RunSupervisor(SteerableActor, MuxActor):
         on_stored = None
         if store.durable:
             ref = self.actor_ref
+            stored_event = self.cell.stored
 
             def on_stored() -> None:
+                stored_event.set()
                 with contextlib.suppress(pykka.ActorDeadError):
                     ref.tell(Stored(revision))
         else:
             self._stored = revision  # an in-process store has it once the call returns
+            self.cell.stored.set()
         store.write_checkpoint(
             self.cell.run_id, revision, snapshot, entries_from, entries, on_stored
         )
@@ -473,10 +477,16 @@ class RunSupervisor(SteerableActor, MuxActor):
 
     # ------------------------------------------------------------------ hooks and ending
 
+    def _submit_hook(self) -> None:
+        while self._hook_jobs and not self.services.hook_pool.submit(self._hook_jobs[0]):
+            self._hook_jobs.pop(0)  # the runtime is shutting down: the hook cannot run
+            self._hooks_pending -= 1
+
     def _hook_done(self, errors: list[AgentError]) -> None:
         self._hooks_pending -= 1
         if self._hook_jobs:
             self._hook_jobs.pop(0)
+            self._submit_hook()
         for error in errors:
             self._log.warning("hook_error", error=error.message)
             if self._outcome is None:
@@ -492,8 +502,9 @@ class RunSupervisor(SteerableActor, MuxActor):
     def _hooks_timed_out(self) -> None:
         if self._outcome is None:
             return
-        for job in self._hook_jobs:
-            self.services.hook_pool.abandon(job)
+        if self._hook_jobs:
+            # Only the first is on a worker; the rest never started and are dropped.
+            self.services.hook_pool.abandon(self._hook_jobs[0])
         error = AgentError.of(
             ErrorCode.HOOK_ERROR,
             f"hooks did not finish within {self.services.hook_timeout}s; abandoned",
