@@ -18,6 +18,7 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field, SecretBytes, SecretStr
+
 from steerable.actors._cancel import Cancelled, CancelScope
 from steerable.actors._tool import (
     RetryableToolError,
