@@ -33,3 +33,12 @@ typecheck:
     ln -sfn ../../protocol .typecheck/steerable/protocol
     MYPYPATH=.typecheck {{py}} -m mypy -p steerable.protocol -p steerable.actors
     MYPYPATH=.typecheck {{py}} -m mypy tests examples
+
+# The benchmark suite (BENCHMARKS.md W1-W9 and their floors, unpinned and pinned to one core):
+# prints one table, writes bench/results/latest.json. `just bench --quick` = `just bench-quick`.
+bench *args:
+    {{py}} -m tests.bench {{args}}
+
+# A short pass (< 2 min) proving every workload runs and ends as expected; asserts no speed.
+bench-quick *args:
+    {{py}} -m tests.bench --quick {{args}}
