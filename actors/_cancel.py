@@ -37,12 +37,14 @@ class CancelScope:
         parent: The enclosing scope; None for a root.
     """
 
-    __slots__ = ("_callbacks", "_children", "_deadline", "_lock", "_parent", "_reason", "event")
+    __slots__ = ("_callbacks", "_children", "_deadline", "_event", "_lock", "_parent", "_reason")
 
     _deadline: float | None
 
     def __init__(self, deadline: float | None = None, parent: CancelScope | None = None) -> None:
-        self.event = threading.Event()
+        # The Event is made on first use: most scopes (one per call) are never waited on, and
+        # `threading.Event()` costs microseconds on the supervisor's hot path.
+        self._event: threading.Event | None = None
         self._lock = threading.Lock()
         self._parent = parent
         self._children: set[CancelScope] = set()
@@ -55,7 +57,20 @@ class CancelScope:
     @property
     def cancelled(self) -> bool:
         """Whether this scope (or an ancestor) has been cancelled."""
-        return self.event.is_set()
+        return self._reason is not None
+
+    @property
+    def event(self) -> threading.Event:
+        """A `threading.Event` set on cancellation (for tools that wait on an event)."""
+        event = self._event
+        if event is None:
+            with self._lock:
+                event = self._event
+                if event is None:
+                    event = self._event = threading.Event()
+                    if self._reason is not None:
+                        event.set()
+        return event
 
     @property
     def reason(self) -> str | None:
@@ -101,7 +116,9 @@ class CancelScope:
             callbacks = self._callbacks
             self._children = set()
             self._callbacks = []
-        self.event.set()
+            event = self._event
+        if event is not None:
+            event.set()
         for callback in callbacks:
             _run_callback(callback, reason)
         for child in children:

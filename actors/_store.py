@@ -41,6 +41,7 @@ __all__ = [
 ]
 
 STATIC_KEYS = (
+    "run_id",
     "trace_id",
     "session_id",
     "task_id",
@@ -58,10 +59,37 @@ STATIC_KEYS = (
 _STATIC = frozenset(STATIC_KEYS)
 
 
+_EMPTY: dict[str, Any] = {
+    "waiting_for": None,
+    "pending_messages": [],
+    "plan": [],
+    "errors": [],
+    "output": None,
+    "deadline_left": None,
+    "last_seq": -1,
+    "delivered_seq": -1,
+}
+"""Per-revision fields left out while they hold their default (validation restores them)."""
+_DERIVED_METRICS = frozenset({"steps", "model_calls", "input_tokens", "output_tokens"})
+
+
 def split_snapshot(snapshot: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split a snapshot body into its static part and its per-revision part."""
+    """Split a snapshot body into its static part and its per-revision part.
+
+    The per-revision part leaves out what holds its default and the metrics that repeat
+    top-level counters, so a revision costs a few hundred bytes (W4: bytes <= 3x transcript).
+    """
     static = {key: snapshot[key] for key in STATIC_KEYS}
-    dynamic = {key: value for key, value in snapshot.items() if key not in _STATIC}
+    dynamic = {
+        key: value
+        for key, value in snapshot.items()
+        if key not in _STATIC and (key not in _EMPTY or value != _EMPTY[key])
+    }
+    dynamic["metrics"] = {
+        key: value
+        for key, value in snapshot["metrics"].items()
+        if value and key not in _DERIVED_METRICS
+    }
     return static, dynamic
 
 
@@ -81,6 +109,19 @@ def join_snapshot(static_blob: bytes, dynamic_blob: bytes) -> RunSnapshot:
 
 
 def _validated(body: dict[str, Any]) -> RunSnapshot:
+    metrics = body.get("metrics")
+    if isinstance(metrics, dict):  # counters kept once, at the top level
+        usage = body.get("usage") or {}
+        body = {
+            **body,
+            "metrics": {
+                **metrics,
+                "steps": body.get("steps", 0),
+                "model_calls": body.get("model_calls", 0),
+                "input_tokens": usage.get("input_tokens", 0),
+                "output_tokens": usage.get("output_tokens", 0),
+            },
+        }
     try:
         return RunSnapshot.model_validate(body)
     except ValidationError as exc:

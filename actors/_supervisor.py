@@ -139,6 +139,7 @@ class RunSupervisor(SteerableActor, MuxActor):
         self._held: list[tuple[int, CallJob]] = []  # writes waiting for their checkpoint
         self._timers: dict[tuple[TimerKind, str], Any] = {}
         self._hooks_pending = 0
+        self._wall = services.clock.wall()
         self._hook_jobs: list[HookJob] = []
         self._outcome: RunOutcome | None = None
         self._log = _log.bind(run_id=cell.run_id, trace_id=cell.trace_id)
@@ -148,7 +149,10 @@ class RunSupervisor(SteerableActor, MuxActor):
 
     def handle(self, message: object) -> object:
         """Apply one message to the machine, then publish the state the host reads."""
-        now = self.services.clock.now()
+        clock = self.services.clock
+        now = clock.now()
+        # One wall-clock reading per message: every event of one step carries the same time.
+        self._wall = clock.wall()
         handler = _HANDLERS.get(type(message))
         if handler is not None:
             handler(self, message, now)
@@ -396,9 +400,9 @@ class RunSupervisor(SteerableActor, MuxActor):
             )
         elif kind is EventKind.APPROVAL_SETTLED:
             cell.approval_settled(data["call_id"])
-        at = self.services.clock.wall()
+        at = self._wall
         seq = cell.events.append(cell.run_id, kind, phase, at, data, cell.parent_run_id)
-        hook = HOOK_EVENTS.get(kind)
+        hook = HOOK_EVENTS.get(kind) if self.hooks else None
         if hook is not None:
             callbacks = self.hooks.get(hook)
             if callbacks:
@@ -436,7 +440,7 @@ class RunSupervisor(SteerableActor, MuxActor):
         entries: list[TranscriptEntry],
     ) -> None:
         """Write one revision (a durable store encodes and writes on its own thread)."""
-        snapshot["updated_at"] = self.services.clock.wall()
+        snapshot["updated_at"] = self._wall
         store = self.services.store
         on_stored = None
         if store.durable:
