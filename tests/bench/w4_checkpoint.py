@@ -16,7 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +70,10 @@ def timed(store_cls: type[CheckpointStore]) -> type[CheckpointStore]:
             snapshot: dict[str, Any],
             entries_from: int,
             entries: Sequence[TranscriptEntry],
+            on_stored: Callable[[], None] | None = None,
         ) -> None:
             t0 = time.perf_counter()
-            super().write_checkpoint(run_id, revision, snapshot, entries_from, entries)
+            super().write_checkpoint(run_id, revision, snapshot, entries_from, entries, on_stored)
             t1 = time.perf_counter()
             msgpack.packb(snapshot)  # the floor: one msgpack pass over the same snapshot
             t2 = time.perf_counter()
