@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from pykka._actor import ActorInbox
     from pykka._envelope import Envelope
 
-__all__ = ["Dispatcher", "MuxActor"]
+__all__ = ["Dispatcher", "MuxActor", "collect_inline", "service_inline"]
 
 _log = structlog.get_logger("steerable.mux")
 # The messages pykka itself logs for the same events go to pykka's logger, as they would for a
@@ -37,6 +37,30 @@ _log = structlog.get_logger("steerable.mux")
 _pykka_log = logging.getLogger("pykka")
 
 _STOP: Final = object()  # the ready-queue item that ends one dispatcher thread
+
+# Handoff elision: a worker thread that reports a result to a supervisor may handle that
+# supervisor's messages itself, right after its job, instead of waking a dispatcher thread
+# (each thread handoff costs tens of microseconds; PYKKA.md, last section). While a thread
+# collects, `put` records actors it schedules here instead of on the ready queue; the thread
+# then services them exactly as a dispatcher thread would. Exclusivity is unchanged: the
+# `scheduled` flag still gives each actor to one thread at a time.
+_inline = threading.local()
+
+
+def collect_inline() -> list[_MuxInbox]:
+    """Start collecting actors this thread schedules; returns the list they go to."""
+    collected: list[_MuxInbox] = []
+    _inline.inboxes = collected
+    return collected
+
+
+def service_inline(collected: list[_MuxInbox]) -> None:
+    """Stop collecting, then handle the collected actors' messages on this thread."""
+    _inline.inboxes = None
+    for inbox in collected:
+        dispatcher = inbox.dispatcher
+        assert dispatcher is not None
+        dispatcher._service_guarded(inbox, -1)
 
 
 class _MuxInbox:
@@ -81,6 +105,10 @@ class _MuxInbox:
                 if self.scheduled:
                     return
                 self.scheduled = True
+                collected = getattr(_inline, "inboxes", None)
+                if collected is not None:
+                    collected.append(self)
+                    return
                 dispatcher = self.dispatcher
                 assert dispatcher is not None
                 dispatcher._ready.put(self)
@@ -129,7 +157,9 @@ class Dispatcher:
         self._live: set[_MuxInbox] = set()
         self._threads: list[threading.Thread] = []
         # One counter per thread, each written only by its own thread: no lock, no lost update.
-        self._handled = [0] * threads
+        # Index -1 counts messages handled inline by worker threads (approximate: several
+        # workers may add at once; it is a statistic, not a control).
+        self._handled = [0] * (threads + 1)
         self._started = False
         self._stopping = False
 

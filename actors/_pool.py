@@ -28,6 +28,7 @@ import pykka
 import structlog
 
 from ._clock import SystemClock
+from ._mux import collect_inline, service_inline
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -113,16 +114,32 @@ class ToolWorker(pykka.ThreadingActor):
             raise
 
     def on_receive(self, message: Any) -> None:
-        """Run the job, then keep taking pending jobs from the pool until there are none."""
+        """Run the job, then keep taking pending jobs from the pool until there are none.
+
+        After each job this thread handles the messages the job sent to supervisors itself
+        (handoff elision, see `_mux.collect_inline`); the first job those handlers submit is
+        claimed for this thread, so a decide -> tool -> decide loop stays on one thread.
+        """
         job: Job | None = message
         slot = self._slot
         pool = self._pool
         while job is not None:
             # A job abandoned after it was handed over but before it started never runs.
             ran = not slot.abandoned
+            claimed: Job | None = None
             if ran:
-                _run_contained(job, slot.name)
-            job, stop = pool._job_finished(slot, job, ran=ran)
+                collected = collect_inline()
+                try:
+                    _run_contained(job, slot.name)
+                finally:
+                    claim = _Claim(pool, slot)
+                    _claims.current = claim
+                    try:
+                        service_inline(collected)
+                    finally:
+                        _claims.current = None
+                claimed = claim.job
+            job, stop = pool._job_finished(slot, job, ran=ran, claimed=claimed)
             if stop:
                 # Abandoned, or the pool is closing: a tell to self, handled after this returns.
                 self.stop()
@@ -139,6 +156,20 @@ class ToolWorker(pykka.ThreadingActor):
     ) -> None:
         """Last resort (on_receive contains everything): keep the pool's counts right."""
         self._pool._worker_exited(self._slot)
+
+
+class _Claim:
+    """The one job a worker may keep for itself while it handles supervisors inline."""
+
+    __slots__ = ("job", "pool", "slot")
+
+    def __init__(self, pool: WorkerPool, slot: _Slot) -> None:
+        self.pool = pool
+        self.slot = slot
+        self.job: Job | None = None
+
+
+_claims = threading.local()
 
 
 def _run_contained(job: Job, worker: str) -> None:
@@ -256,11 +287,23 @@ class WorkerPool:
             ValueError: This very job object is already queued or running.
         """
         key = id(job)
+        claim: _Claim | None = getattr(_claims, "current", None)
         with self._cond:
             if self._closed:
                 return False
             if key in self._running or key in self._pending:
                 raise ValueError(f"job already submitted: {job!r}")
+            if (
+                claim is not None
+                and claim.job is None
+                and claim.pool is self
+                and not claim.slot.abandoned
+            ):
+                # Submitted by a supervisor this worker is handling inline: the worker takes it
+                # next, with no thread to wake (handoff elision).
+                claim.job = job
+                self._running[key] = claim.slot
+                return True
             if self._idle:
                 slot = self._idle.pop()
                 slot.job = job
@@ -472,22 +515,37 @@ class WorkerPool:
             self._active -= 1
         self._cond.notify_all()
 
-    def _job_finished(self, slot: _Slot, job: Job, *, ran: bool) -> tuple[Job | None, bool]:
-        """Called by a worker after each job: returns (next job or None, stop the worker)."""
+    def _job_finished(
+        self, slot: _Slot, job: Job, *, ran: bool, claimed: Job | None = None
+    ) -> tuple[Job | None, bool]:
+        """Called by a worker after each job: returns (next job or None, stop the worker).
+
+        `claimed` is a job the worker took for itself while handling a supervisor inline.
+        """
+        resubmit = None
         with self._cond:
             if ran:
                 self._jobs_run += 1
             self._running.pop(id(job), None)
             slot.job = None
-            if slot.abandoned or self._closed:
-                return None, True
-            if self._pending:
-                _, nxt = self._pending.popitem(last=False)
-                self._running[id(nxt)] = slot
-                slot.job = nxt
-                return nxt, False
-            self._idle.append(slot)
-            return None, False
+            if claimed is not None and (slot.abandoned or self._closed):
+                # This worker stops: its claimed job goes back to the pool like any other.
+                self._running.pop(id(claimed), None)
+                resubmit = claimed
+            elif claimed is not None:
+                slot.job = claimed
+                return claimed, False
+            stop = slot.abandoned or self._closed
+            if not stop:
+                if self._pending:
+                    _, nxt = self._pending.popitem(last=False)
+                    self._running[id(nxt)] = slot
+                    slot.job = nxt
+                    return nxt, False
+                self._idle.append(slot)
+        if resubmit is not None and not self.submit(resubmit):
+            _cancel_pending(resubmit)  # the pool closed: the job learns it will never run
+        return None, stop
 
     def _worker_exited(self, slot: _Slot) -> None:
         with self._cond:

@@ -696,6 +696,10 @@ class Runtime:
             parent_cell.events,
             parent_scope=parent_cell.scope,
         )
+        # A cancel that reaches this child through its parent's scope is told to the child's
+        # supervisor before its tools can see it, so the child records CANCELLED rather than
+        # acting on the results the signal provokes (as RunHandle.cancel does for a root).
+        cell.scope.on_cancel(lambda reason: self._cancel_now(cell, reason))
         config = parent_entry.config.model_copy(
             update={
                 "max_steps": job.max_steps,
