@@ -15,6 +15,7 @@ import structlog
 __all__ = ["CancelScope", "Cancelled"]
 
 _log = structlog.get_logger("steerable.cancel")
+_SCOPES_LOCK = threading.Lock()
 
 
 class Cancelled(Exception):
@@ -45,7 +46,9 @@ class CancelScope:
         # The Event is made on first use: most scopes (one per call) are never waited on, and
         # `threading.Event()` costs microseconds on the supervisor's hot path.
         self._event: threading.Event | None = None
-        self._lock = threading.Lock()
+        # One lock for every scope: each critical section is a few bytecodes, and a lock per
+        # scope (two per loop iteration) cost more to allocate than all their uses.
+        self._lock = _SCOPES_LOCK
         self._parent = parent
         self._children: set[CancelScope] = set()
         self._callbacks: list[Callable[[str], None]] = []

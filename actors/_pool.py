@@ -204,6 +204,8 @@ class WorkerPool:
             `is_saturated_by_abandoned()` is True and the runtime refuses new calls with
             `resource_exhausted` (T3). The pool itself keeps accepting. Default 64.
         name: Thread-name prefix; threads are named `"{name}-{n}"`. Default "ToolWorker".
+        max_idle: Most idle workers kept; a worker finishing its job beyond that stops (the
+            pool shrinks after a burst). Default: `max(prestart, 32)`.
         on_start_failure: Called as `on_start_failure(job, exc)` (on whichever thread found
             out, never under the pool's lock) for a job the pool had accepted but can never
             run, because a worker thread could not be started and no live worker is left to take
@@ -220,6 +222,7 @@ class WorkerPool:
         max_abandoned: int = 64,
         name: str = "ToolWorker",
         on_start_failure: StartFailureCallback | None = None,
+        max_idle: int | None = None,
     ) -> None:
         if max_workers < 1:
             raise ValueError("max_workers must be at least 1")
@@ -227,6 +230,9 @@ class WorkerPool:
             raise ValueError("prestart and max_abandoned must not be negative")
         self._max_workers = max_workers
         self._prestart = min(prestart, max_workers)
+        # A burst (10,000 runs starting) must not leave its threads idle forever: workers
+        # beyond this many idle ones stop when they finish their job.
+        self._max_idle = max(self._prestart, 32) if max_idle is None else max_idle
         self._max_abandoned = max_abandoned
         self._name = name
         self._on_start_failure = on_start_failure
@@ -542,7 +548,10 @@ class WorkerPool:
                     self._running[id(nxt)] = slot
                     slot.job = nxt
                     return nxt, False
-                self._idle.append(slot)
+                if len(self._idle) >= self._max_idle:
+                    stop = True  # enough idle workers already: this thread ends
+                else:
+                    self._idle.append(slot)
         if resubmit is not None and not self.submit(resubmit):
             _cancel_pending(resubmit)  # the pool closed: the job learns it will never run
         return None, stop

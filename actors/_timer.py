@@ -82,7 +82,9 @@ class TimerService:
     def __init__(self, clock: Clock, *, name: str = "steerable-timer") -> None:
         self._clock = clock
         self._name = name
-        self._cond = threading.Condition(threading.Lock())
+        # Hot paths take the bare lock (C-level); the condition wraps the same lock.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._heap: list[tuple[float, int, TimerHandle]] = []
         self._seq = itertools.count()
         self._cancelled_in_heap = 0
@@ -177,7 +179,7 @@ class TimerService:
 
     def _push(self, deadline: float, callback: Callable[[], None]) -> TimerHandle:
         handle = TimerHandle(self, deadline, callback)
-        with self._cond:
+        with self._lock:
             if self._stopped:
                 raise RuntimeError("TimerService is stopped")
             entry = (deadline, next(self._seq), handle)
@@ -189,7 +191,7 @@ class TimerService:
         return handle
 
     def _cancel(self, handle: TimerHandle) -> bool:
-        with self._cond:
+        with self._lock:
             if handle._state != _PENDING:
                 return False
             handle._state = _CANCELLED
