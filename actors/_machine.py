@@ -60,6 +60,22 @@ from ._persist import PersistenceMixin
 
 __all__ = ["MODEL_KEY", "RunMachine", "ToolLike"]
 
+_NO_COMPATIBILITY = Compatibility()
+_DUMPS: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def _dumped(record: Any) -> dict[str, Any]:
+    """The JSON dump of an immutable record, cached while the record lives (identity-checked)."""
+    cached = _DUMPS.get(id(record))
+    if cached is not None and cached[0] is record:
+        return cached[1]
+    dump: dict[str, Any] = record.model_dump(mode="json")
+    if len(_DUMPS) >= 256:
+        _DUMPS.clear()  # a bound, not an LRU: configs and tool sets are few in practice
+    _DUMPS[id(record)] = (record, dump)
+    return dump
+
+
 RUN_TIMERS = (
     (TimerKind.RUN_DEADLINE, RUN_KEY),
     (TimerKind.MODEL_TIMEOUT, MODEL_KEY),
@@ -122,13 +138,14 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         self.parent_run_id = parent_run_id
         self.depth = depth
         self.created_at = created_at
-        self.compatibility = compatibility or Compatibility()
+        self.compatibility = compatibility or _NO_COMPATIBILITY
         self.capabilities = capabilities
-        # Dumped once: the checkpoint snapshot reuses these on every boundary.
+        # Dumped once (and shared by the runs that share the record): the checkpoint snapshot
+        # reuses these on every boundary.
         self._static = {
-            "config": config.model_dump(mode="json"),
-            "capabilities": capabilities.model_dump(mode="json"),
-            "compatibility": self.compatibility.model_dump(mode="json"),
+            "config": _dumped(config),
+            "capabilities": _dumped(capabilities),
+            "compatibility": _dumped(self.compatibility),
         }
         self._static_cache: dict[str, Any] | None = None
 

@@ -58,6 +58,7 @@ __all__ = ["Agent", "RunTree", "Runtime", "Services"]
 
 _log = structlog.get_logger("steerable.runtime")
 _MIN_CHILD_SECONDS = 1e-3  # a child started with no time left still gets a deadline
+_CAPABILITY_CACHE = 1024  # distinct (agent, tool set) snapshots kept
 
 Agent = Any
 """An agent: any object with `decide(view) -> Decision` (plain or async) and optional `name`."""
@@ -163,6 +164,7 @@ class Runtime:
         self.agents: dict[str, Agent] = dict(agents or {})
         self.config = config or RunConfig()
         self._hooks: dict[HookName, list[Hook]] = {}
+        self._capabilities: dict[tuple[str, str, tuple[int, ...]], CapabilitySnapshot] = {}
         self._lock = threading.Lock()
         self._closed = False
         dispatcher = Dispatcher(threads=dispatcher_threads, name="steerable-dispatch")
@@ -561,15 +563,23 @@ class Runtime:
             wrapped = _as_tool(t)
             run_tools[wrapped.spec.name] = wrapped
         name = agent_name(agent)
-        capabilities = CapabilitySnapshot.of(
-            [t.spec for t in run_tools.values()],
-            [AgentSpec(name=name, version=str(getattr(agent, "version", "1")))]
-            + [
-                AgentSpec(name=n, version=str(getattr(a, "version", "1")))
-                for n, a in self.agents.items()
-                if n != name
-            ],
-        )
+        version = str(getattr(agent, "version", "1"))
+        # Built once per (agent, tool set): hashing every tool's schema on each start() was a
+        # large part of starting a run (W5, W8).
+        cache_key = (name, version, tuple(id(t) for t in run_tools.values()))
+        capabilities = self._capabilities.get(cache_key)
+        if capabilities is None:
+            capabilities = CapabilitySnapshot.of(
+                [t.spec for t in run_tools.values()],
+                [AgentSpec(name=name, version=version)]
+                + [
+                    AgentSpec(name=n, version=str(getattr(a, "version", "1")))
+                    for n, a in self.agents.items()
+                    if n != name
+                ],
+            )
+            if len(self._capabilities) < _CAPABILITY_CACHE:
+                self._capabilities[cache_key] = capabilities
         return RunEntry(
             cell=cell,
             config=config,

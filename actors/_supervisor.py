@@ -142,8 +142,14 @@ class RunSupervisor(SteerableActor, MuxActor):
         self._wall = services.clock.wall()
         self._hook_jobs: list[HookJob] = []
         self._outcome: RunOutcome | None = None
-        self._log = _log.bind(run_id=cell.run_id, trace_id=cell.trace_id)
+
         self.machine = machine_factory(self)
+
+    @property
+    def _log(self) -> Any:
+        # Bound on use: binding a structlog logger costs tens of microseconds, and most runs
+        # never log (T12: the run's ids travel with every line it does log).
+        return _log.bind(run_id=self.cell.run_id, trace_id=self.cell.trace_id)
 
     # ------------------------------------------------------------------ inbox
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import time
 
 __all__ = ["call_id", "idempotency_key", "new_run_id", "new_trace_id"]
@@ -23,16 +24,22 @@ def _base32(value: int, length: int) -> str:
     return "".join(reversed(chars))
 
 
+# Ids must be unique, not secret: a generator seeded from the OS once per process (and again
+# in a forked child) instead of one getrandom() system call per id.
+_random = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _random.seed(os.urandom(32)))
+
+
 def new_run_id() -> str:
     """A new, time-sortable run id such as `run_01JH5...` (26 base32 digits after the prefix)."""
     millis = time.time_ns() // 1_000_000
-    entropy = int.from_bytes(os.urandom(10), "big")
+    entropy = _random.getrandbits(80)
     return "run_" + _base32(millis, 10) + _base32(entropy, 16)
 
 
 def new_trace_id() -> str:
     """A new W3C-compatible trace id: 32 lower-case hex digits."""
-    return os.urandom(16).hex()
+    return f"{_random.getrandbits(128):032x}"
 
 
 def call_id(decision: int, index: int) -> str:
