@@ -199,6 +199,7 @@ class ChildrenMixin(MachineBase):
             ok=ok,
             output=outcome.output if ok else None,
             error=error,
+            child_revision=outcome.revision,
         )
         self._record_child(call, result, now)
 

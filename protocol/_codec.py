@@ -41,7 +41,7 @@ __all__ = [
     "register_migration",
 ]
 
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
 """The format this steerable writes. Monotonic: bump it for any change an older reader cannot
 read (a new, renamed or removed field, a new kind), add a line to `FORMAT_HISTORY`, register a
 migration from the previous version and keep the old golden fixtures (R24)."""
@@ -49,6 +49,8 @@ migration from the previous version and keep the old golden fixtures (R24)."""
 FORMAT_HISTORY: dict[int, str] = {
     1: "initial format: b'STRB' + msgpack [format_version, kind, body]; body is the record's "
     "JSON-mode shape; secrets are stored as 'secret:sha256:<16 hex>' references",
+    2: "SubagentResult gains child_revision (the child's final revision, -1 if unknown); "
+    "format 1 bodies migrate unchanged (the default applies)",
 }
 """One line per format version: what changed (mirrored in docs/checkpoint-format.md)."""
 
@@ -468,3 +470,13 @@ def _corrupt(message: str, **details: Any) -> SteerableError:
 
 def _incompatible(message: str, **details: Any) -> SteerableError:
     return SteerableError(AgentError.of(ErrorCode.CHECKPOINT_INCOMPATIBLE, message, **details))
+
+
+def _from_format_1(kind: str, body: Any) -> Any:
+    # Format 2 only added SubagentResult.child_revision, whose default (-1) a format 1 body
+    # takes on validation: nothing to rewrite.
+    del kind
+    return body
+
+
+register_migration(1, _from_format_1)

@@ -92,6 +92,9 @@ class SubagentResult(Record):
     ok: bool
     output: Any = None
     error: AgentError | None = None
+    child_revision: int = -1
+    """The child's final revision (its checkpoint at this result); -1 if the child never
+    started or was given up on. With `child_run_id` it pins the whole tree at a parent revision."""
 
 
 class DecisionEntry(Record):

@@ -360,6 +360,7 @@ def test_an_older_format_is_migrated_by_its_registered_migration(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(_codec, "_MIGRATIONS", {})
+    monkeypatch.setattr(_codec, "FORMAT_VERSION", 1)  # the mechanism, on a synthetic format 0
     seen: list[tuple[str, Any]] = []
 
     def message_to_text(kind: str, body: Any) -> Any:  # synthetic format 0 said "message"
@@ -412,6 +413,7 @@ def test_a_gap_in_the_migration_chain_names_the_oldest_readable_format(
 
 def test_a_failing_migration_reports_corrupt(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_codec, "_MIGRATIONS", {})
+    monkeypatch.setattr(_codec, "FORMAT_VERSION", 1)
 
     def broken(kind: str, body: Any) -> Any:
         return body["missing"]
@@ -441,8 +443,13 @@ def test_register_migration_refuses_a_second_migration_of_a_version(
         register_migration(0, "not a function")  # type: ignore[arg-type]
 
 
-def test_no_migration_is_registered_at_format_1() -> None:
-    assert _codec._MIGRATIONS == {}
+def test_the_built_in_migrations_reach_the_current_format() -> None:
+    # Format 1 -> 2 added SubagentResult.child_revision; every older format has a migration.
+    assert sorted(_codec._MIGRATIONS) == list(range(1, FORMAT_VERSION))
+    assert _codec._MIGRATIONS[1]("entry", {"kind": "system", "text": "t"}) == {
+        "kind": "system",
+        "text": "t",
+    }
 
 
 # -- secrets (R26) -------------------------------------------------------------------------------

@@ -442,3 +442,35 @@ def test_an_approval_requested_inside_a_child_reaches_the_host(approved: bool) -
     else:
         assert published == []
         assert outcome.output == [ErrorCode.APPROVAL_DENIED.value]
+
+
+def test_the_parent_records_each_childs_run_id_and_final_revision() -> None:
+    # Issue: "the parent's checkpoint records its children and their revisions".
+    lead = ScriptedAgent(
+        [
+            Plan(
+                steps=[
+                    SubagentCall(agent="researcher", task="a"),
+                    SubagentCall(agent="researcher", task="b"),
+                ]
+            )
+        ],
+        then=Finish(output="done"),
+        name="lead",
+    )
+    with Runtime(tools=[echo], agents={"researcher": Researcher()}) as rt:
+        handle = rt.start("t", agent=lead)
+        assert handle.result(timeout=WAIT).state is RunState.FINISHED
+        planned = rt.store.load(handle.run_id, 1).snapshot.plan  # the plan's checkpoint
+        assert [c.child_run_id for c in planned] == [
+            f"{handle.run_id}-c1.0",
+            f"{handle.run_id}-c1.1",
+        ]
+        results = [e for e in rt.replay(handle.run_id).transcript if isinstance(e, SubagentResult)]
+        assert len(results) == 2
+        for result in results:
+            final = rt.store.revisions(result.child_run_id)[-1]
+            assert final.state is RunState.FINISHED
+            assert result.child_revision == final.revision
+            # The pair pins the child at the parent's revision: replay it read-only.
+            assert rt.replay(result.child_run_id, result.child_revision).outcome is not None
