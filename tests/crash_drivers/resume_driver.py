@@ -27,6 +27,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import structlog
+
 from steerable.actors import (
     CheckpointStore,
     RevisionInfo,
@@ -56,9 +58,18 @@ _started = threading.Condition(_lock)
 _counts = [0]  # tools started so far
 
 
+_say_lock = threading.Lock()
+
+
+def say(line: str) -> None:
+    """One whole line to the test, never interleaved with another thread's (tools print too)."""
+    with _say_lock:
+        print(line, flush=True)
+
+
 def _block(name: str, ctx: ToolContext) -> str:
     with _started:
-        print(f"started {name} {ctx.call_id} {ctx.idempotency_key}", flush=True)
+        say(f"started {name} {ctx.call_id} {ctx.idempotency_key}")
         _counts[0] += 1
         _started.notify_all()
     _forever.wait()
@@ -138,6 +149,8 @@ class HeldStore(CheckpointStore):
 
 
 def main(argv: list[str]) -> None:
+    # The runtime's logs go to stderr: stdout is the line protocol the test reads.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     db, steps = argv[0], [s for s in argv[1].split(",") if s]
     sends: list[str] = []
     early: str | None = None
@@ -161,8 +174,8 @@ def main(argv: list[str]) -> None:
         # message for a run the store does not know.
         threading.Timer(0.2, held.release.set).start()
         seq = handle.send(early)
-        print(f"run {handle.run_id} -1", flush=True)
-        print(f"sent {seq} {early}", flush=True)
+        say(f"run {handle.run_id} -1")
+        say(f"sent {seq} {early}")
         os.kill(os.getpid(), signal.SIGKILL)
     rt = Runtime(store=SqliteStore(db), tools=TOOLS)
     handle = rt.start("resume me", agent=agent)
@@ -174,14 +187,14 @@ def main(argv: list[str]) -> None:
     if approvals:
         wait_event(handle, EventKind.STATE_CHANGED, lambda e: e.data.get("to") == "waiting")
         for request in handle.pending_approvals():
-            print(f"approval {request.call_id}", flush=True)
+            say(f"approval {request.call_id}")
     for text in sends:
         seq = handle.send(text)
-        print(f"sent {seq} {text}", flush=True)
+        say(f"sent {seq} {text}")
     rt.store.flush()
     assert handle.state in (RunState.RUNNING, RunState.WAITING)
-    print(f"run {handle.run_id} {handle.revision}", flush=True)
-    print("ready", flush=True)
+    say(f"run {handle.run_id} {handle.revision}")
+    say("ready")
     _forever.wait()
 
 
