@@ -104,12 +104,15 @@ def main(argv: list[str]) -> None:
     for event in root.events(timeout=30):
         if event.kind is EventKind.SUBAGENT_STARTED:
             data = event.data
-            print(f"child {event.run_id} {data['call_id']} {data['child_run_id']}", flush=True)
+            with _started:  # whole lines: tools print too
+                print(f"child {event.run_id} {data['call_id']} {data['child_run_id']}", flush=True)
             children += 1
             if children == 4:  # three children and the manager's researcher (all started)
                 break
-    print(f"run {root.run_id}", flush=True)
-    print("ready", flush=True)
+    with _started:  # whole lines: tools print too
+        print(f"run {root.run_id}", flush=True)
+    with _started:  # whole lines: tools print too
+        print("ready", flush=True)
     _forever.wait()
 
 
