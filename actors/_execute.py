@@ -220,6 +220,8 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
 
     def _after_call(self, now: float) -> None:
         """Dispatch what the parallel limit allows; complete the plan when every call is done."""
+        if self._holding:
+            return  # a resume is still applying stored messages; it moves on after them
         if self._stage is Stage.CANCELLING:
             self._maybe_finish_cancel(now)
             return

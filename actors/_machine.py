@@ -107,7 +107,7 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         subagents: Names of the agents this run may start as subagents.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0915 - one assignment per field of the run's state
         self,
         fx: Effects,
         *,
@@ -188,6 +188,8 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         self._now = 0.0
         self._deadline_left: float | None = None
         self._parked_revision = -2
+        self._holding = False
+        self._unseen: tuple[UserMessage, ...] = ()
         self._fork_waits = False
         self.subagents = frozenset(subagents)
         self.children_started = 0
@@ -303,6 +305,7 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         self._model_retries = 0
         self.decisions += 1
         self.transcript.append(DecisionEntry(model_call=model_call, decision=decision))
+        self._unseen = ()  # the agent has decided with them
         self.fx.emit(
             EventKind.REASONING_FINISHED,
             Phase.REASON,
@@ -445,7 +448,12 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
 
     def _boundary(self, now: float) -> None:
         """A safe boundary: apply the inbox, check budgets, checkpoint, then reason."""
-        delivered: list[UserMessage] = []
+        if self._holding:
+            return  # a resume is still applying stored messages; it moves on after them
+        # `delivered` is what no decision has answered yet: messages delivered at earlier
+        # boundaries whose model call timed out or was interrupted, or that a resume found
+        # after the last decision, stay news to the agent.
+        delivered: list[UserMessage] = list(self._unseen)
         while self._pending:
             msg = self._pending.pop(0)
             if isinstance(msg, UserMessage):
@@ -460,8 +468,9 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         if budget is not None and self.usage.total >= budget:
             self._exhaust("token_budget", budget)
             return
+        self._unseen = tuple(delivered)
         self._checkpoint()
-        self._reason(now, tuple(delivered))
+        self._reason(now, self._unseen)
 
     def _reason(self, now: float, delivered: tuple[UserMessage, ...] = ()) -> None:
         if self.model_calls >= self.config.max_model_calls:
@@ -524,6 +533,7 @@ class RunMachine(ExecutionMixin, PersistenceMixin):
         )
         if self._model_discarded:
             self._model_discarded = False
+            self.fx.unschedule(TimerKind.GRACE, MODEL_KEY)  # the interrupt's wait is over
             self._boundary(now)
             return
         policy = self.config.retry

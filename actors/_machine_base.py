@@ -28,6 +28,7 @@ from steerable.protocol import (
     ToolSpec,
     TranscriptEntry,
     Usage,
+    UserMessage,
     WaitingFor,
 )
 
@@ -196,6 +197,8 @@ class MachineBase:
     _now: float
     _deadline_left: float | None
     _parked_revision: int
+    _holding: bool
+    _unseen: tuple[UserMessage, ...]
     _fork_waits: bool
 
     # Loop methods the other parts call (defined in `_machine.py`).

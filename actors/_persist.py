@@ -9,6 +9,7 @@ from typing import Any
 from steerable.protocol import (
     AgentError,
     CallStatus,
+    DecisionEntry,
     ErrorCode,
     EventKind,
     ForkOrigin,
@@ -21,6 +22,7 @@ from steerable.protocol import (
     SubagentResult,
     ToolResult,
     Usage,
+    UserMessage,
     WaitingFor,
 )
 from steerable.protocol._ids import idempotency_key
@@ -105,6 +107,7 @@ class PersistenceMixin(MachineBase):
             "state": str(self.state),
             "waiting_for": None if waiting is None else str(waiting),
             "model_calls": self.model_calls,
+            "model_retries": self._model_retries,
             "steps": self.steps,
             "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
             "decisions": self.decisions,
@@ -118,7 +121,8 @@ class PersistenceMixin(MachineBase):
             "errors": [e.model_dump(mode="json") for e in self.errors] if self.errors else [],
             "output": self.output,
             "metrics": self._metrics(),
-            "deadline_left": None if self.deadline is None else max(0.0, self.deadline - self._now),
+            # Signed: an overdue deadline stays overdue on resume (its timer fires at once).
+            "deadline_left": None if self.deadline is None else self.deadline - self._now,
             "updated_at": self.created_at,
         }
 
@@ -146,6 +150,7 @@ class PersistenceMixin(MachineBase):
         self.transcript = list(stored.transcript)
         self._checkpointed_len = 0 if fork is not None else len(self.transcript)
         self.model_calls = snap.model_calls
+        self._model_retries = snap.model_retries
         self.steps = snap.steps
         self.decisions = snap.decisions
         self.usage = snap.usage
@@ -220,6 +225,12 @@ class PersistenceMixin(MachineBase):
         if result is not None:
             call.status = CallStatus.DONE
             call.result = result
+            attempts = result.attempts if isinstance(result, ToolResult) else 0
+            if attempts and not call.counted:
+                # It ran after the checkpoint (which predates its dispatch): charge its step.
+                call.counted = True
+                call.attempt = attempts
+                self.steps += 1
         elif kept is not None:
             call.arguments = kept
         elif tool is not None and call.status is not CallStatus.DONE:
@@ -295,8 +306,14 @@ class PersistenceMixin(MachineBase):
             return
         self._resume_clock_and_state(now, announce=not wake)
         self._resume_position(now, announce=not wake)
-        for message in sorted(messages, key=lambda m: m.seq):
-            self.host(message, now)
+        # Stored messages are applied as one batch before the run moves on: results already
+        # journaled must not carry the plan (and a model call) past a later stored cancel.
+        self._holding = True
+        try:
+            for message in sorted(messages, key=lambda m: m.seq):
+                self.host(message, now)
+        finally:
+            self._holding = False
         if self._stage is Stage.WAITING_USER:
             self._parked_revision = self.revision  # its checkpoint is the waiting one
         elif self._stage is Stage.EXECUTING:
@@ -341,6 +358,14 @@ class PersistenceMixin(MachineBase):
             self._stage = Stage.WAITING_USER
         else:
             self._stage = Stage.IDLE
+        # Messages after the last decision were delivered but no decision answered them yet.
+        unseen: list[UserMessage] = []
+        for entry in reversed(self.transcript):
+            if isinstance(entry, DecisionEntry):
+                break
+            if isinstance(entry, UserMessage):
+                unseen.append(entry)
+        self._unseen = tuple(reversed(unseen))
         if self.revision < 0 and self._stage is not Stage.IDLE:
             # A fork's first revision holds its copied history before anything runs (and
             # before any write starts: write-ahead).

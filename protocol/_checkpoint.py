@@ -110,6 +110,8 @@ class RunSnapshot(Record):
     capabilities: CapabilitySnapshot
     compatibility: Compatibility = Field(default_factory=Compatibility)
     model_calls: int = 0
+    model_retries: int = 0
+    """Consecutive retries of the current model call after `provider_timeout`."""
     steps: int = 0
     usage: Usage = Field(default_factory=Usage)
     decisions: int = 0
@@ -125,7 +127,8 @@ class RunSnapshot(Record):
     output: Any = None
     metrics: RunMetrics = Field(default_factory=RunMetrics)
     deadline_left: float | None = None
-    """Seconds of `total_timeout` left at this boundary (None: no total timeout)."""
+    """Seconds of `total_timeout` left at this boundary, negative when already overdue (None:
+    no total timeout)."""
     created_at: float = 0.0
     updated_at: float = 0.0
 

@@ -49,8 +49,8 @@ migration from the previous version and keep the old golden fixtures (R24)."""
 FORMAT_HISTORY: dict[int, str] = {
     1: "initial format: b'STRB' + msgpack [format_version, kind, body]; body is the record's "
     "JSON-mode shape; secrets are stored as 'secret:sha256:<16 hex>' references",
-    2: "SubagentResult gains child_revision (the child's final revision, -1 if unknown); "
-    "format 1 bodies migrate unchanged (the default applies)",
+    2: "SubagentResult gains child_revision (the child's final revision, -1 if unknown) and "
+    "RunSnapshot gains model_retries (0); format 1 bodies migrate unchanged (defaults apply)",
 }
 """One line per format version: what changed (mirrored in docs/checkpoint-format.md)."""
 
@@ -473,8 +473,8 @@ def _incompatible(message: str, **details: Any) -> SteerableError:
 
 
 def _from_format_1(kind: str, body: Any) -> Any:
-    # Format 2 only added SubagentResult.child_revision, whose default (-1) a format 1 body
-    # takes on validation: nothing to rewrite.
+    # Format 2 only added SubagentResult.child_revision and RunSnapshot.model_retries, whose
+    # defaults a format 1 body takes on validation: nothing to rewrite.
     del kind
     return body
 

@@ -10,12 +10,16 @@ the settled outcome.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 from steerable.actors._effects import CallJob, ChildJob, TimerKind
 from steerable.actors._machine import MODEL_KEY, RunMachine, ToolLike
+from steerable.actors._store import StoredRun
 from steerable.actors._tool import tool
 from steerable.protocol import (
     AgentError,
@@ -27,6 +31,7 @@ from steerable.protocol import (
     ErrorCode,
     EventKind,
     Finish,
+    HostMessage,
     Phase,
     Plan,
     RunConfig,
@@ -55,7 +60,9 @@ __all__ = [
     "Effect",
     "Emit",
     "FakeTool",
+    "Input",
     "Journal",
+    "Point",
     "Recorder",
     "Run",
     "Schedule",
@@ -69,6 +76,7 @@ __all__ = [
     "plan",
     "real_tools",
     "retryable",
+    "typed_tool",
 ]
 
 
@@ -142,6 +150,18 @@ class CheckpointWrite:
 @dataclass(frozen=True, slots=True)
 class Settled:
     outcome: RunOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """One message the harness fed the machine: `getattr(machine, method)(*args)`."""
+
+    method: str
+    args: tuple[Any, ...]
+    effects: int
+    """len(recorder.effects) before the message: its effects are effects[effects:next.effects]."""
+    now: float
+    """The harness clock when the message was fed."""
 
 
 Effect = (
@@ -353,6 +373,22 @@ def real_tools() -> list[ToolLike]:
     return [search, send]
 
 
+class Point(BaseModel):
+    x: int
+    y: int
+
+
+def typed_tool() -> ToolLike:
+    """A real idempotent `@tool` whose validated arguments are not plain JSON (a date, a
+    pydantic model, a tuple): what the machine keeps in its plan and snapshots."""
+
+    @tool(side_effect="idempotent")
+    def book(when: datetime.date, point: Point, tags: tuple[str, ...] = ()) -> str:
+        return f"{when}:{point.x},{point.y}:{len(tags)}"
+
+    return book
+
+
 def call(name: str, **arguments: Any) -> ToolCall:
     return ToolCall(name=name, arguments=arguments)
 
@@ -401,6 +437,22 @@ class Run:
         )
         self.fx.transcript_len = lambda: len(self.machine.transcript)
         self._seq = 0
+        self.inputs: list[Input] = []
+        """Every message fed through `feed`, in order (what a resume test replays)."""
+
+    def feed(self, method: str, *args: Any) -> None:
+        """Feed one message to the machine (`start`, `host`, `decided`, `tool_done`, `timer`,
+        `cancel_now`, `record_error`, ...) and record it in `inputs`."""
+        self.inputs.append(Input(method, args, len(self.fx.effects), self.now))
+        getattr(self.machine, method)(*args)
+
+    def resumed(self, stored: StoredRun, now: float, messages: Sequence[HostMessage] = ()) -> Run:
+        """A new harness for the same run (config, tools, id) restored from `stored` and
+        resumed at `now` with `messages`, as after a crash; its effects start at the resume."""
+        run = Run(config=self.config, tools=self.tools, now=now, run_id=self.run_id, task=self.task)
+        run.machine.restore(stored)
+        run.machine.resume(now, messages)
+        return run
 
     # -- state
 
@@ -437,7 +489,7 @@ class Run:
     # -- driving
 
     def start(self) -> Run:
-        self.machine.start(self.now)
+        self.feed("start", self.now)
         return self
 
     def advance(self, seconds: float) -> None:
@@ -455,7 +507,7 @@ class Run:
         req = self.fx.decide_request
         assert req is not None, "no model call is outstanding"
         self.fx.decide_request = None
-        self.machine.decided(req.model_call, decision, verdict, error, elapsed, self.now)
+        self.feed("decided", req.model_call, decision, verdict, error, elapsed, self.now)
 
     def report(
         self,
@@ -472,7 +524,7 @@ class Run:
             attempt = job.attempt
         if job is not None and job.attempt == attempt:
             del self.fx.running[call_id]
-        self.machine.tool_done(call_id, attempt, value, error, self.now)
+        self.feed("tool_done", call_id, attempt, value, error, self.now)
 
     def finish_all_calls(self, value: Any = "ok") -> None:
         """Report success for every running attempt, until nothing runs (dispatch order)."""
@@ -488,11 +540,11 @@ class Run:
         assert (kind, key) in self.fx.timers, f"no timer {kind}/{key}: {self.fx.timers}"
         attempt, at = self.fx.timers.pop((kind, key))
         self.now = max(self.now, at)
-        self.machine.timer(kind, key, attempt, self.now)
+        self.feed("timer", kind, key, attempt, self.now)
 
     def fire_raw(self, kind: TimerKind, key: str, attempt: int) -> None:
         """Deliver a timer message the machine may not expect (stale or bogus)."""
-        self.machine.timer(kind, key, attempt, self.now)
+        self.feed("timer", kind, key, attempt, self.now)
 
     def next_seq(self) -> int:
         seq = self._seq
@@ -501,22 +553,23 @@ class Run:
 
     def send(self, content: str, mode: str | SteeringMode = "queue") -> int:
         seq = self.next_seq()
-        self.machine.host(UserMessage(seq=seq, content=content, mode=SteeringMode(mode)), self.now)
+        self.feed("host", UserMessage(seq=seq, content=content, mode=SteeringMode(mode)), self.now)
         return seq
 
     def approve(self, call_id: str) -> None:
-        self.machine.host(
-            ApprovalDecision(seq=self.next_seq(), call_id=call_id, approved=True), self.now
+        self.feed(
+            "host", ApprovalDecision(seq=self.next_seq(), call_id=call_id, approved=True), self.now
         )
 
     def deny(self, call_id: str, reason: str = "no") -> None:
-        self.machine.host(
+        self.feed(
+            "host",
             ApprovalDecision(seq=self.next_seq(), call_id=call_id, approved=False, reason=reason),
             self.now,
         )
 
     def cancel(self, reason: str = "stop") -> None:
-        self.machine.host(CancelRequest(seq=self.next_seq(), reason=reason), self.now)
+        self.feed("host", CancelRequest(seq=self.next_seq(), reason=reason), self.now)
 
     # -- checks
 

@@ -3,10 +3,26 @@
 The test plays the supervisor and the world: it answers model calls with random decisions,
 reports tool attempts (successes, retryable and fatal errors, late results of abandoned
 attempts), fires the timers the machine scheduled (and stale ones), sends user messages in both
-modes, cancels, approves and denies real and bogus calls. After every step it checks the
-invariants of STYLE.md and API.md: terminal states are final and silent, messages are delivered
-in seq order exactly once, every dispatched attempt ends exactly once, budgets hold, checkpoints
-tile the transcript and validate, and the run settles exactly once.
+modes, cancels (as a host message, and as `RunHandle.cancel` does: `cancel_now` then the
+stored request), records hook errors, approves and denies real and bogus calls. Tool results and
+outputs are random JSON-like values, normalised as the supervisor normalises them; one tool
+(`book`) validates its arguments into a date, a pydantic model and a tuple. After every step it
+checks the invariants of STYLE.md and API.md: terminal states are final and silent, messages are
+delivered in seq order exactly once, every dispatched attempt ends exactly once, budgets hold,
+checkpoints tile the transcript and validate, and the run settles exactly once.
+
+Codec invariant ("decode(encode(state)) equals the state at every boundary", R24): every
+checkpoint's snapshot body goes through `encode_body("snapshot", ...)` and `decode` and comes
+back equal to `RunSnapshot.model_validate(body)`. The one field compared differently is a
+planned call's `arguments`: the machine keeps the validated arguments (objects such as a date
+or a model), which the codec stores in their JSON form. For those the decoded arguments must
+equal the JSON form of the kept ones and, validated again by the same tool (what a restore
+does, R21), equal them. Every new transcript entry round-trips through `encode(entry,
+kind="entry")` / `decode(kind="entry")` to an equal entry. A value the codec cannot encode fails
+the test: it would be a checkpoint the store cannot write.
+
+Every message fed to the machine goes through `Run.feed`, which logs it: the resume invariant
+(tests/test_machine_resume_stateful.py) replays that log.
 """
 
 from __future__ import annotations
@@ -22,8 +38,10 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from pydantic_core import to_jsonable_python
 
 from steerable.actors._effects import TimerKind
+from steerable.actors._tool import normalize_result
 from steerable.protocol import (
     AgentError,
     ApprovalDecision,
@@ -44,6 +62,7 @@ from steerable.protocol import (
     Usage,
     UserMessage,
 )
+from steerable.protocol.codec import decode, encode, encode_body
 
 if TYPE_CHECKING:  # mypy resolves the kit as tests.machine_kit (explicit package bases)
     from tests.machine_kit import (
@@ -56,7 +75,9 @@ if TYPE_CHECKING:  # mypy resolves the kit as tests.machine_kit (explicit packag
         Journal,
         Run,
         call,
+        default_tools,
         retryable,
+        typed_tool,
     )
 else:  # pytest puts tests/ on sys.path (rootdir "prepend" import mode)
     from machine_kit import (
@@ -69,15 +90,31 @@ else:  # pytest puts tests/ on sys.path (rootdir "prepend" import mode)
         Journal,
         Run,
         call,
+        default_tools,
         retryable,
+        typed_tool,
     )
 
-STEP_NAMES = ["read", "put", "write", "gated", "slow", "nope", "bad"]
+TOOLS = [*default_tools(), typed_tool()]
+STEP_NAMES = ["read", "put", "write", "gated", "slow", "book", "nope", "bad"]
 # Weighted choices: most decisions are plans, most tool attempts succeed or fail retryably.
 DECISIONS = ["plan"] * 6 + ["finish", "rejected", "rejected", "ask", "empty", "raise"]
 TOOL_OUTCOMES = ["ok", "ok", "ok", "retryable", "retryable", "fatal", "cancelled"]
 HOST_ACTIONS = ["queue"] * 3 + ["interrupt"] * 2 + ["approve"] * 3 + ["deny", "bogus", "again"]
-HOST_ACTIONS += ["cancel", "cancel"]
+HOST_ACTIONS += ["cancel", "cancel", "handle_cancel", "hook_error"]
+
+# What a tool or an agent's Finish may carry once normalised (msgpack's integer range).
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 
 configs = st.builds(
     RunConfig,
@@ -101,6 +138,8 @@ configs = st.builds(
 def _step(name: str, i: int) -> ToolCall:
     if name == "bad":
         return call("read", bad=i)
+    if name == "book":
+        return call("book", when=f"2024-05-0{i % 9 + 1}", point={"x": i, "y": -i}, tags=["t"] * i)
     return call(name, i=i)
 
 
@@ -198,6 +237,30 @@ class RunMachineModel(RuleBasedStateMachine):
         self.rebuilt.extend(cp.entries)
         assert len(self.rebuilt) == cp.transcript_len == snap.transcript_len
         assert self.rebuilt == self.run.machine.transcript[: cp.transcript_len]
+        self._check_codec(cp, snap)
+
+    def _check_codec(self, cp: CheckpointWrite, snap: RunSnapshot) -> None:
+        """decode(encode(state)) == state at this boundary (see the module docstring)."""
+        decoded = decode(encode_body("snapshot", cp.snapshot), kind="snapshot")
+        assert isinstance(decoded, RunSnapshot)
+        no_plan = {"plan": ()}
+        assert decoded.model_copy(update=no_plan) == snap.model_copy(update=no_plan)
+        assert len(decoded.plan) == len(snap.plan)
+        tools = self.run.machine.tools
+        for got, kept in zip(decoded.plan, snap.plan, strict=True):
+            no_args: dict[str, Any] = {"arguments": {}}
+            assert got.model_copy(update=no_args) == kept.model_copy(update=no_args)
+            assert got.arguments == to_jsonable_python(kept.arguments), (got, kept)
+            tool = tools.get(got.name)
+            again = got.arguments
+            if tool is not None:
+                try:
+                    again = tool.validate(got.arguments)
+                except Exception:  # the agent's bad arguments never validated: kept raw
+                    again = got.arguments
+            assert again == kept.arguments, (got, kept)
+        for entry in cp.entries:
+            assert decode(encode(entry, kind="entry"), kind="entry") == entry, entry
 
     def _report(self, index: int, value: Any, error: AgentError | None) -> None:
         r = self.run
@@ -206,7 +269,7 @@ class RunMachineModel(RuleBasedStateMachine):
         attempt = self.live.pop(cid)
         r.fx.running.pop(cid, None)
         dropped = r.machine.metrics().late_results_dropped
-        r.machine.tool_done(cid, attempt, value, error, r.now)
+        r.feed("tool_done", cid, attempt, value, error, r.now)
         assert r.machine.metrics().late_results_dropped == dropped, "a live result was dropped"
 
     def _answer(self, decision: Plan | Finish | AskUser | None, **kw: Any) -> None:
@@ -218,7 +281,7 @@ class RunMachineModel(RuleBasedStateMachine):
         terminal = r.machine.is_terminal
         fresh = msg.seq > r.machine.last_seq
         mark = r.mark()
-        r.machine.host(msg, r.now)
+        r.feed("host", msg, r.now)
         if not fresh:
             assert r.since(mark) == [], "a duplicate seq had an effect"
             return
@@ -239,7 +302,7 @@ class RunMachineModel(RuleBasedStateMachine):
 
     @initialize(cfg=configs, now=st.sampled_from([0.0, 1000.0]))
     def start(self, cfg: RunConfig, now: float) -> None:
-        self.r = Run(config=cfg, now=now)
+        self.r = Run(config=cfg, tools=TOOLS, now=now)
         self.r.start()
 
     @precondition(lambda self: self.r is not None and self.r.fx.decide_request is not None)
@@ -247,8 +310,9 @@ class RunMachineModel(RuleBasedStateMachine):
         kind=st.sampled_from(DECISIONS),
         names=st.lists(st.sampled_from(STEP_NAMES), min_size=1, max_size=4),
         tokens=st.integers(0, 30),
+        output=json_values,
     )
-    def agent_decides(self, kind: str, names: list[str], tokens: int) -> None:
+    def agent_decides(self, kind: str, names: list[str], tokens: int, output: Any) -> None:
         usage = Usage(output_tokens=tokens)
         if kind == "plan":
             steps = tuple(_step(n, i) for i, n in enumerate(names))
@@ -256,19 +320,19 @@ class RunMachineModel(RuleBasedStateMachine):
         elif kind == "empty":
             self._answer(Plan(steps=(), usage=usage))
         elif kind == "finish":
-            self._answer(Finish(output="out", usage=usage), verdict=None)
+            self._answer(Finish(output=normalize_result(output), usage=usage), verdict=None)
         elif kind == "rejected":
-            self._answer(Finish(output="out", usage=usage), verdict="not yet")
+            self._answer(Finish(output=normalize_result(output), usage=usage), verdict="not yet")
         elif kind == "ask":
             self._answer(AskUser(question="?", usage=usage))
         else:
             self._answer(None, error=AgentError.of(ErrorCode.HANDLER_ERROR, "agent raised"))
 
     @precondition(lambda self: bool(self.live))
-    @rule(index=st.integers(0, 5), outcome=st.sampled_from(TOOL_OUTCOMES))
-    def tool_reports(self, index: int, outcome: str) -> None:
+    @rule(index=st.integers(0, 5), outcome=st.sampled_from(TOOL_OUTCOMES), value=json_values)
+    def tool_reports(self, index: int, outcome: str, value: Any) -> None:
         if outcome == "ok":
-            self._report(index, "value", None)
+            self._report(index, normalize_result(value), None)
         elif outcome == "retryable":
             self._report(index, None, retryable())
         elif outcome == "cancelled":
@@ -283,7 +347,7 @@ class RunMachineModel(RuleBasedStateMachine):
         cid, attempt = self.abandoned.pop(index % len(self.abandoned))
         mark = r.mark()
         dropped = r.machine.metrics().late_results_dropped
-        r.machine.tool_done(cid, attempt, "late", None, r.now)
+        r.feed("tool_done", cid, attempt, "late", None, r.now)
         assert r.since(mark) == [], f"late result of abandoned {cid}#{attempt} had effects"
         assert r.machine.metrics().late_results_dropped == dropped + 1
 
@@ -306,6 +370,15 @@ class RunMachineModel(RuleBasedStateMachine):
             self._host(UserMessage(seq=r.next_seq(), content=content, mode=SteeringMode(action)))
         elif action == "cancel":
             self._host(CancelRequest(seq=r.next_seq(), reason="stop"))
+        elif action == "handle_cancel":
+            # RunHandle.cancel: tell the supervisor at once, then store the request in order.
+            r.feed("cancel_now", "handle", r.now)
+            self.cancel_accepted = True
+            self._host(CancelRequest(seq=r.next_seq(), reason="handle"))
+        elif action == "hook_error":
+            errors = len(r.machine.errors)
+            r.feed("record_error", AgentError.of(ErrorCode.HOOK_ERROR, f"hook {index} raised"))
+            assert len(r.machine.errors) == errors + 1
         elif action == "again" and self.sent:
             self._host(self.sent[index % len(self.sent)])
         elif action in ("approve", "deny", "bogus"):
@@ -339,7 +412,7 @@ class RunMachineModel(RuleBasedStateMachine):
             if self.live.get(cid) == attempt or (cid, attempt) in self.abandoned:
                 return  # a real report, not a bogus one
             mark = r.mark()
-            r.machine.tool_done(cid, attempt, "bogus", None, r.now)
+            r.feed("tool_done", cid, attempt, "bogus", None, r.now)
             assert r.since(mark) == []
 
     @precondition(lambda self: self.r is not None and self.r.machine.is_terminal)
@@ -347,13 +420,14 @@ class RunMachineModel(RuleBasedStateMachine):
     def poke_the_ended_run(self, index: int) -> None:
         r = self.run
         m = r.machine
-        m.host(UserMessage(seq=r.next_seq(), content="late", mode="interrupt"), r.now)
-        m.host(CancelRequest(seq=r.next_seq()), r.now)
-        m.host(ApprovalDecision(seq=r.next_seq(), call_id="c1.0", approved=True), r.now)
+        r.feed("host", UserMessage(seq=r.next_seq(), content="late", mode="interrupt"), r.now)
+        r.feed("host", CancelRequest(seq=r.next_seq()), r.now)
+        r.feed("host", ApprovalDecision(seq=r.next_seq(), call_id="c1.0", approved=True), r.now)
+        r.feed("cancel_now", "late", r.now)
         for kind in TimerKind:
             r.fire_raw(kind, ["run", "model", "plan", "c1.0"][index], 1)
-        m.tool_done("c1.0", 1, "late", None, r.now)
-        m.decided(m.model_calls, Finish(output="late"), None, None, 0.0, r.now)
+        r.feed("tool_done", "c1.0", 1, "late", None, r.now)
+        r.feed("decided", m.model_calls, Finish(output="late"), None, None, 0.0, r.now)
 
     # ------------------------------------------------------------------ invariants
 
