@@ -15,22 +15,25 @@ import inspect
 import json
 import re
 import sys
-import threading
-import traceback
 import types
 import typing
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
 
-import msgpack
 import pydantic
-import structlog
-from pydantic_core import PydanticUndefined, to_jsonable_python
+from pydantic_core import PydanticUndefined
 
 from steerable.protocol._capabilities import SideEffect, ToolSpec
 from steerable.protocol._errors import AgentError, ErrorCode, SteerableError
 
-from ._cancel import Cancelled, CancelScope
+from ._cancel import Cancelled
+from ._tool_context import ToolContext
+from ._tool_convert import (
+    RetryableToolError,
+    ToolResultError,
+    error_from_exception,
+    normalize_result,
+)
 
 __all__ = [
     "RetryableToolError",
@@ -50,26 +53,6 @@ _NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 # Bounds that keep an error small enough for a checkpoint and an agent's context window.
 _MAX_REPORTED_ERRORS = 20
 _MAX_MESSAGE_ERRORS = 5
-_TRACEBACK_FRAMES = 5
-_MAX_TRACEBACK_CHARS = 4_000
-_MAX_TEXT_CHARS = 1_000
-
-
-class RetryableToolError(Exception):
-    """Raise from a tool to mark its failure retryable.
-
-    The runtime retries a retryable failure of a `none` or `idempotent` tool under the run's
-    retry policy; a `write` tool's failure is reported, never retried.
-
-    Args:
-        message: What went wrong, for the agent and the host.
-        details: Structured context merged into the error's details; keep it JSON-like.
-    """
-
-    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.details: dict[str, Any] = dict(details or {})
 
 
 class ToolArgumentsError(SteerableError):
@@ -77,142 +60,6 @@ class ToolArgumentsError(SteerableError):
 
     `error.details` holds `tool` and `errors`, a list of `{"loc", "msg", "type"}` dicts.
     """
-
-
-class ToolResultError(SteerableError):
-    """A tool's result cannot be stored (not serializable, or too large); code `handler_error`."""
-
-
-class ToolContext:
-    """What a running tool may know about its call; one per call attempt, immutable.
-
-    A tool receives it by declaring a parameter annotated `ToolContext` (any name).
-
-    Args:
-        run_id: The run the call belongs to.
-        trace_id: The trace shared by the run and its subruns.
-        call_id: The call's id, stable across attempts and re-dispatch.
-        tool: The tool's name.
-        idempotency_key: Stable per call, reused if the call is re-dispatched after a crash
-            (R4); a tool that writes should deduplicate by it.
-        attempt: 1 for the first try, 2 for the first retry, and so on.
-        deadline: Monotonic deadline in seconds on the runtime's clock, or None.
-        scope: The call's cancel scope.
-        now: The runtime's monotonic clock reading (`Clock.now`), used by `remaining()`.
-    """
-
-    __slots__ = (
-        "_log",
-        "_now",
-        "attempt",
-        "call_id",
-        "deadline",
-        "idempotency_key",
-        "run_id",
-        "scope",
-        "tool",
-        "trace_id",
-    )
-
-    run_id: str
-    trace_id: str
-    call_id: str
-    tool: str
-    idempotency_key: str
-    attempt: int
-    deadline: float | None
-    scope: CancelScope
-    _now: Callable[[], float]
-    _log: Any
-
-    def __init__(
-        self,
-        *,
-        run_id: str,
-        trace_id: str,
-        call_id: str,
-        tool: str,
-        idempotency_key: str,
-        attempt: int,
-        deadline: float | None,
-        scope: CancelScope,
-        now: Callable[[], float],
-    ) -> None:
-        if attempt < 1:
-            raise ValueError(f"attempt counts from 1, got {attempt}")
-        init = object.__setattr__  # the class refuses assignment once built
-        init(self, "run_id", run_id)
-        init(self, "trace_id", trace_id)
-        init(self, "call_id", call_id)
-        init(self, "tool", tool)
-        init(self, "idempotency_key", idempotency_key)
-        init(self, "attempt", attempt)
-        init(self, "deadline", deadline)
-        init(self, "scope", scope)
-        init(self, "_now", now)
-        init(self, "_log", None)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"ToolContext is immutable; cannot set {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"ToolContext is immutable; cannot delete {name!r}")
-
-    @property
-    def cancelled(self) -> bool:
-        """Whether the call has been cancelled (timeout, host cancel, interrupt, parent run)."""
-        return self.scope.cancelled
-
-    @property
-    def cancel_event(self) -> threading.Event:
-        """The `threading.Event` set on cancellation, for `select`-style waits."""
-        return self.scope.event
-
-    @property
-    def log(self) -> structlog.typing.FilteringBoundLogger:
-        """A structlog logger bound with run_id, trace_id, call_id and tool."""
-        # Built on first use: most calls never log, and binding is not free on the hot path.
-        logger = self._log
-        if logger is None:
-            logger = structlog.get_logger("steerable.tool").bind(
-                run_id=self.run_id, trace_id=self.trace_id, call_id=self.call_id, tool=self.tool
-            )
-            object.__setattr__(self, "_log", logger)
-        return cast("structlog.typing.FilteringBoundLogger", logger)
-
-    def remaining(self) -> float | None:
-        """Seconds left before the deadline (never negative), or None without a deadline."""
-        if self.deadline is None:
-            return None
-        return max(0.0, self.deadline - self._now())
-
-    def wait(self, timeout: float | None) -> bool:
-        """Sleep up to `timeout` seconds, waking at once on cancellation.
-
-        Use it instead of `time.sleep`, so that a cancel stops the tool within microseconds.
-
-        Returns:
-            True if the call was cancelled, False if the time ran out.
-        """
-        return self.scope.wait(timeout)
-
-    def raise_if_cancelled(self) -> None:
-        """Raise `Cancelled` if the call has been cancelled."""
-        self.scope.raise_if_cancelled()
-
-    def on_cancel(self, cb: Callable[[str], None]) -> Callable[[], None]:
-        """Call `cb(reason)` once on cancellation (at once if already); returns unregister.
-
-        Use it to abort blocking I/O: close a socket, kill a subprocess, end a stream. `cb`
-        runs on the cancelling thread, so it must be quick and thread-safe.
-        """
-        return self.scope.on_cancel(cb)
-
-    def __repr__(self) -> str:
-        return (
-            f"<ToolContext tool={self.tool!r} call_id={self.call_id!r} attempt={self.attempt} "
-            f"cancelled={self.cancelled}>"
-        )
 
 
 class Tool(Generic[P, R]):
@@ -500,100 +347,6 @@ def tool(
     return decorate
 
 
-def error_from_exception(exc: BaseException, *, tool: str, call_id: str) -> AgentError:
-    """Convert what a tool raised into the error result the agent sees (R5, R6).
-
-    `RetryableToolError` gives a retryable `handler_error`; `Cancelled` and
-    `asyncio.CancelledError` give `cancelled`; a `SteerableError` keeps its own error; any
-    other exception, including `SystemExit` and `KeyboardInterrupt` (contained, not obeyed),
-    gives `handler_error`. The details are msgpack-able: tool, call_id, the exception's type
-    name and a short traceback string, never the traceback object.
-
-    Args:
-        exc: The exception the tool raised.
-        tool: The tool's name.
-        call_id: The call's id.
-    """
-    kind = _type_name(exc)
-    base: dict[str, Any] = {"tool": tool, "call_id": call_id, "exception": kind}
-    if isinstance(exc, Cancelled | asyncio.CancelledError):
-        reason = exc.reason if isinstance(exc, Cancelled) else (_text(exc) or "cancelled")
-        return AgentError.of(
-            ErrorCode.CANCELLED, f"tool {tool!r} was cancelled: {reason}", reason=reason, **base
-        )
-    if isinstance(exc, SteerableError):
-        return exc.error.model_copy(update={"details": {**exc.error.details, **base}})
-    trace = _short_traceback(exc)
-    if trace:
-        base["traceback"] = trace
-    text = _text(exc)
-    if isinstance(exc, RetryableToolError):
-        # Built directly: the author's details may use any key, even "code" or "message".
-        return AgentError(
-            code=ErrorCode.HANDLER_ERROR,
-            message=f"tool {tool!r} failed (retryable): {text}",
-            retryable=True,
-            details={**_jsonable_details(exc.details), **base},
-        )
-    said = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    if not isinstance(exc, Exception):
-        # R6: SystemExit, KeyboardInterrupt, GeneratorExit from a tool must not stop the
-        # runtime's thread; it is reported like any other failure.
-        message = f"tool {tool!r} raised {said} (contained; the runtime did not exit)"
-    else:
-        message = f"tool {tool!r} raised {said}"
-    return AgentError.of(ErrorCode.HANDLER_ERROR, message, retryable=False, **base)
-
-
-def normalize_result(value: Any, *, max_bytes: int = 1_000_000, tool: str | None = None) -> Any:
-    """Convert a tool's result to JSON-like data fit for a checkpoint and an agent.
-
-    Pydantic models, dataclasses, tuples, sets, datetimes, enums, UUIDs and the like are
-    converted with pydantic's `to_jsonable_python`; bytes become base64 text; `SecretStr` and
-    `SecretBytes` stay masked.
-
-    Args:
-        value: What the tool returned.
-        max_bytes: The largest result accepted, measured as msgpack bytes; default 1,000,000.
-        tool: The tool's name, for the error message and details; default None.
-
-    Raises:
-        ToolResultError: The value cannot be converted, or is larger than `max_bytes`
-            (code `handler_error`).
-    """
-    if max_bytes <= 0:
-        raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
-    label = "tool" if tool is None else f"tool {tool!r}"
-    named: dict[str, Any] = {} if tool is None else {"tool": tool}
-    try:
-        data = to_jsonable_python(value, bytes_mode="base64")
-        # The size check doubles as the proof that the checkpoint codec can store it.
-        size = len(msgpack.packb(data))
-    except Exception as exc:  # whatever fails, the result cannot be stored
-        raise ToolResultError(
-            AgentError.of(
-                ErrorCode.HANDLER_ERROR,
-                f"result of {label} is not serializable: {_type_name(exc)}: {_text(exc)}",
-                result_type=_type_name(value),
-                **named,
-            )
-        ) from exc
-    if size > max_bytes:
-        raise ToolResultError(
-            AgentError.of(
-                ErrorCode.HANDLER_ERROR,
-                f"result of {label} is too large: {size} bytes, limit {max_bytes}",
-                size=size,
-                limit=max_bytes,
-                **named,
-            )
-        )
-    return data
-
-
-# --- decoration helpers -------------------------------------------------------------------
-
-
 def _check_name(fn: Callable[..., Any] | None, name: str | None) -> str:
     if name is None:
         name = getattr(fn, "__name__", None)
@@ -771,35 +524,3 @@ def _arguments_error(tool: str, exc: pydantic.ValidationError) -> ToolArgumentsE
             error_count=len(raw),
         )
     )
-
-
-def _type_name(obj: object) -> str:
-    cls = obj if isinstance(obj, type) else type(obj)
-    if cls.__module__ == "builtins":
-        return cls.__qualname__
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _text(exc: BaseException) -> str:
-    try:
-        text = str(exc)
-    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the original error
-        return "<unprintable>"
-    return text if len(text) <= _MAX_TEXT_CHARS else text[:_MAX_TEXT_CHARS] + "..."
-
-
-def _short_traceback(exc: BaseException) -> str:
-    if exc.__traceback__ is None:
-        return ""
-    lines = traceback.format_exception(exc, limit=-_TRACEBACK_FRAMES, chain=False)
-    text = "".join(lines)
-    return text if len(text) <= _MAX_TRACEBACK_CHARS else "..." + text[-_MAX_TRACEBACK_CHARS:]
-
-
-def _jsonable_details(details: Mapping[str, Any]) -> dict[str, Any]:
-    try:
-        data = to_jsonable_python(dict(details), fallback=repr, bytes_mode="base64")
-        msgpack.packb(data)
-    except Exception:  # noqa: BLE001 - details are a courtesy; never lose the error for them
-        return {"details": repr(details)[:_MAX_TEXT_CHARS]}
-    return cast("dict[str, Any]", data)
