@@ -29,8 +29,6 @@ from steerable.protocol import (
     RunConfig,
     RunEvent,
     RunOutcome,
-    RunSnapshot,
-    RunState,
     SteerableError,
     SteeringMode,
     new_run_id,
@@ -49,15 +47,15 @@ from ._machine import RunMachine
 from ._mux import Dispatcher
 from ._pool import WorkerPool
 from ._replay import Replay, replay_of
-from ._store import CheckpointStore, MemoryStore, RevisionInfo, StoredRun
-from ._supervisor import Begin, CancelNow, ChildDone, RunSupervisor
+from ._runtrees import RunTree, build_tree, check_compatible, start_child
+from ._store import CheckpointStore, MemoryStore, RevisionInfo
+from ._supervisor import Begin, CancelNow, RunSupervisor
 from ._timer import TimerService
 from ._tool import Tool, tool
 
 __all__ = ["Agent", "RunTree", "Runtime", "Services"]
 
 _log = structlog.get_logger("steerable.runtime")
-_MIN_CHILD_SECONDS = 1e-3  # a child started with no time left still gets a deadline
 _CAPABILITY_CACHE = 1024  # distinct (agent, tool set) snapshots kept
 
 Agent = Any
@@ -83,23 +81,6 @@ class Services:
     start_child: Callable[[RunSupervisor, ChildJob], None]
     cancel_child: Callable[[str, str], None]
     agents: frozenset[str]
-
-
-@dataclass(frozen=True, slots=True)
-class RunTree:
-    """A run and its subagents, as `Runtime.tree()` returns them."""
-
-    run_id: str
-    agent: str
-    state: RunState
-    children: tuple[RunTree, ...] = ()
-
-    def walk(self) -> list[RunTree]:
-        """This run and every descendant, depth first."""
-        out = [self]
-        for child in self.children:
-            out.extend(child.walk())
-        return out
 
 
 def agent_name(agent: Agent) -> str:
@@ -330,7 +311,7 @@ class Runtime:
         cell.revision = snap.revision
         cell.stored.set()  # the store holds it already
         entry = self._entry(cell, agent, snap.config, accept, hooks, compatibility, tools)
-        self._check_compatible(snap, entry, compatibility, override)
+        check_compatible(snap, entry, compatibility, override)
         if snap.state.is_terminal:
             cell.settle(
                 RunOutcome(
@@ -421,35 +402,7 @@ class Runtime:
         Raises:
             SteerableError: `not_found` if neither knows the run.
         """
-        summaries = {s.run_id: s for s in self.store.runs()}
-        children: dict[str, set[str]] = {}
-        for summary in summaries.values():
-            if summary.parent_run_id is not None:
-                children.setdefault(summary.parent_run_id, set()).add(summary.run_id)
-        for live in self.directory.entries():  # a child may not have checkpointed yet
-            if live.cell.parent_run_id is not None:
-                children.setdefault(live.cell.parent_run_id, set()).add(live.cell.run_id)
-
-        def build(rid: str) -> RunTree:
-            entry = self.directory.get(rid)
-            summary = summaries.get(rid)
-            if entry is not None:
-                state = entry.cell.state
-            elif summary is not None:
-                state = summary.state
-            else:
-                raise SteerableError(
-                    AgentError.of(ErrorCode.NOT_FOUND, f"no run {rid!r}", run_id=rid)
-                )
-            agent = entry.agent_name if entry is not None else summary.agent if summary else ""
-            return RunTree(
-                run_id=rid,
-                agent=agent,
-                state=state,
-                children=tuple(build(c) for c in sorted(children.get(rid, []))),
-            )
-
-        return build(run_id)
+        return build_tree(self, run_id)
 
     def handle(self, run_id: str) -> RunHandle:
         """A handle on a live run (active or passivated).
@@ -592,39 +545,6 @@ class Runtime:
             compatibility=compatibility,
         )
 
-    def _check_compatible(
-        self,
-        snap: RunSnapshot,
-        entry: RunEntry,
-        compatibility: Compatibility | None,
-        override: bool,
-    ) -> None:
-        """R22: refuse an incompatible resume with the differences, never guess."""
-        diffs = snap.capabilities.differences(entry.capabilities)
-        if diffs and not override:
-            raise SteerableError(
-                AgentError.of(
-                    ErrorCode.CAPABILITY_MISMATCH,
-                    f"run {snap.run_id} was checkpointed with other capabilities: "
-                    + "; ".join(diffs),
-                    run_id=snap.run_id,
-                    differences=diffs,
-                )
-            )
-        compat = snap.compatibility.differences(compatibility) if compatibility else []
-        if compat and not override:
-            raise SteerableError(
-                AgentError.of(
-                    ErrorCode.CHECKPOINT_INCOMPATIBLE,
-                    f"run {snap.run_id} was started for another task/policy/profile/inputs: "
-                    + "; ".join(compat),
-                    run_id=snap.run_id,
-                    differences=compat,
-                )
-            )
-        if (diffs or compat) and override:
-            _log.warning("resume_override", run_id=snap.run_id, differences=diffs + compat)
-
     def _merge_hooks(
         self, hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None
     ) -> dict[HookName, list[Hook]]:
@@ -661,113 +581,7 @@ class Runtime:
             RunHandle(self, entry.cell).cancel(reason)
 
     def _start_child(self, parent: RunSupervisor, job: ChildJob) -> None:
-        """Start or resume the child run of a subagent call; its outcome goes to the parent.
-
-        Runs on the parent's dispatcher thread: it only builds objects, starts a mux actor and
-        (on resume after a crash) reads the store, never waits on another run.
-        """
-        parent_cell = parent.cell
-        parent_id = parent_cell.run_id
-
-        def report(outcome: RunOutcome) -> None:
-            self.directory.tell_timer(parent_id, ChildDone(job.call_id, outcome))
-
-        live = self.directory.get(job.run_id)
-        if live is not None:  # re-dispatched while the child still runs here
-            live.cell.on_settle(report)
-            return
-        parent_entry = self.directory.get(parent_id)
-        if parent_entry is None:
-            return  # the parent ended meanwhile: nobody waits for this child
-        agent = self.agents.get(job.agent)
-        if agent is None:  # e.g. a parent resumed (override=True) without that agent
-            report(
-                RunOutcome(
-                    run_id=job.run_id,
-                    state=RunState.ERROR,
-                    errors=(
-                        AgentError.of(
-                            ErrorCode.UNKNOWN_AGENT,
-                            f"no subagent named {job.agent!r} is registered",
-                            agent=job.agent,
-                        ),
-                    ),
-                )
-            )
-            return
-        try:
-            stored: StoredRun | None = self.store.load(job.run_id)
-        except SteerableError:
-            stored = None
-        cell = RunCell(
-            job.run_id,
-            parent_cell.trace_id,
-            parent_id,
-            parent_cell.events,
-            parent_scope=parent_cell.scope,
-        )
-        # A cancel that reaches this child through its parent's scope is told to the child's
-        # supervisor before its tools can see it, so the child records CANCELLED rather than
-        # acting on the results the signal provokes (as RunHandle.cancel does for a root).
-        cell.scope.on_cancel(lambda reason: self._cancel_now(cell, reason))
-        config = parent_entry.config.model_copy(
-            update={
-                "max_steps": job.max_steps,
-                "max_model_calls": job.max_model_calls,
-                "token_budget": job.token_budget,
-                "total_timeout": None
-                if job.seconds_left is None
-                else max(job.seconds_left, _MIN_CHILD_SECONDS),
-            }
-        )
-        entry = self._entry(cell, agent, config, None, None, None, None)
-        entry.tools = parent_entry.tools
-        entry.hooks = parent_entry.hooks
-        cell.on_settle(report)
-        if stored is not None:
-            if stored.snapshot.state.is_terminal:
-                snap = stored.snapshot
-                report(
-                    RunOutcome(
-                        run_id=job.run_id,
-                        state=snap.state,
-                        output=snap.output,
-                        errors=snap.errors,
-                        metrics=snap.metrics,
-                        revision=snap.revision,
-                    )
-                )
-                return
-            cell.next_seq = max([stored.snapshot.last_seq, *(m.seq for m in stored.messages)]) + 1
-            cell.revision = stored.snapshot.revision
-            cell.stored.set()
-            self.directory.launch(
-                entry,
-                self.directory.restored_machine(entry, stored),
-                Begin(resume=True, messages=tuple(stored.messages)),
-            )
-            return
-        created = self.clock.wall()
-
-        def factory(sup: RunSupervisor) -> RunMachine:
-            return RunMachine(
-                sup,
-                run_id=job.run_id,
-                trace_id=cell.trace_id,
-                task=job.task,
-                agent=entry.agent_name,
-                config=config,
-                tools=entry.tools,
-                capabilities=entry.capabilities,
-                session_id=None,
-                task_id=None,
-                parent_run_id=parent_id,
-                depth=job.depth,
-                created_at=created,
-                subagents=self.agents.keys(),
-            )
-
-        self.directory.launch(entry, factory, Begin())
+        start_child(self, parent, job)
 
 
 def _shut_down() -> SteerableError:
