@@ -240,3 +240,11 @@ class MachineBase:
 
     def _find(self, call_id: str) -> Call | None:
         raise NotImplementedError
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a model call or a tool call is under way."""
+        return self._model_in_flight or self._running > 0
+
+    def _note(self, text: str, **data: Any) -> None:
+        raise NotImplementedError
