@@ -14,17 +14,13 @@ its tools in flight, and resume in this process. "In process" tests shut a runti
 
 from __future__ import annotations
 
-import queue
-import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import pytest
@@ -45,11 +41,15 @@ from steerable.protocol import (
     ToolResult,
     UserMessage,
 )
+
+if TYPE_CHECKING:  # mypy resolves the kit as tests.driver_kit (explicit package bases)
+    from tests.driver_kit import run_driver
+else:
+    from driver_kit import run_driver
 from steerable.protocol._codec import FORMAT_VERSION, MAGIC
 
 DRIVER = Path(__file__).parent / "crash_drivers" / "resume_driver.py"
 WAIT = 10.0  # generous fail-instead-of-hang bound
-DRIVER_WAIT = 30.0
 
 
 # --------------------------------------------------------------------------- tools
@@ -124,50 +124,23 @@ class Driven:
 
 def drive(db: Path, steps: list[str], *args: str) -> Driven:
     """Run the driver until it is ready (or kills itself), SIGKILL it, return its report."""
-    proc = subprocess.Popen(
-        [sys.executable, str(DRIVER), str(db), ",".join(steps), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line.strip())
-        lines.put(None)
-
-    reader = threading.Thread(target=pump, name="driver-reader", daemon=True)
-    reader.start()
     driven = Driven()
-    try:
-        while True:
-            line = lines.get(timeout=DRIVER_WAIT)
-            if line is None or line == "ready":
-                break
-            word, _, rest = line.partition(" ")
-            if word == "started":
-                name, call_id, key = rest.split()
-                driven.started[name] = (call_id, key)
-            elif word == "approval":
-                driven.approvals.append(rest)
-            elif word == "sent":
-                seq, _, text = rest.partition(" ")
-                driven.sent.append((int(seq), text))
-            elif word == "run":
-                run_id, revision = rest.split()
-                driven.run_id, driven.revision = run_id, int(revision)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait(DRIVER_WAIT)
-        reader.join(DRIVER_WAIT)
-        stderr = proc.stderr.read() if proc.stderr is not None else ""
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-    assert proc.returncode == -signal.SIGKILL, stderr
+
+    def on_line(line: str) -> None:
+        word, _, rest = line.partition(" ")
+        if word == "started":
+            name, call_id, key = rest.split()
+            driven.started[name] = (call_id, key)
+        elif word == "approval":
+            driven.approvals.append(rest)
+        elif word == "sent":
+            seq, _, text = rest.partition(" ")
+            driven.sent.append((int(seq), text))
+        elif word == "run":
+            run_id, revision = rest.split()
+            driven.run_id, driven.revision = run_id, int(revision)
+
+    stderr = run_driver([str(DRIVER), str(db), ",".join(steps), *args], on_line)
     assert driven.run_id, stderr
     return driven
 

@@ -11,15 +11,11 @@ typed `unknown_agent` result instead of waiting forever.
 
 from __future__ import annotations
 
-import queue
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -38,9 +34,13 @@ from steerable.protocol import (
     ToolCall,
 )
 
+if TYPE_CHECKING:  # mypy resolves the kit as tests.driver_kit (explicit package bases)
+    from tests.driver_kit import run_driver
+else:
+    from driver_kit import run_driver
+
 DRIVER = Path(__file__).parent / "crash_drivers" / "subagents_driver.py"
 WAIT = 10.0  # generous fail-instead-of-hang bound
-DRIVER_WAIT = 30.0
 
 
 # --------------------------------------------------------------------------- the driver's world
@@ -127,47 +127,20 @@ class Driven:
 
 def drive(db: Path) -> Driven:
     """Run the driver until it is ready, SIGKILL it, return its report."""
-    proc = subprocess.Popen(
-        [sys.executable, str(DRIVER), str(db)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line.strip())
-        lines.put(None)
-
-    reader = threading.Thread(target=pump, name="driver-reader", daemon=True)
-    reader.start()
     driven = Driven()
-    try:
-        while True:
-            line = lines.get(timeout=DRIVER_WAIT)
-            if line is None or line == "ready":
-                break
-            word, *rest = line.split()
-            if word == "started":
-                run_id, call_id, key = rest
-                driven.started.add((run_id, call_id, key))
-            elif word == "child":
-                parent, call_id, child = rest
-                driven.children[child] = (parent, call_id)
-            elif word == "run":
-                driven.root = rest[0]
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait(DRIVER_WAIT)
-        reader.join(DRIVER_WAIT)
-        stderr = proc.stderr.read() if proc.stderr is not None else ""
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-    assert proc.returncode == -signal.SIGKILL, stderr
+
+    def on_line(line: str) -> None:
+        word, *rest = line.split()
+        if word == "started":
+            run_id, call_id, key = rest
+            driven.started.add((run_id, call_id, key))
+        elif word == "child":
+            parent, call_id, child = rest
+            driven.children[child] = (parent, call_id)
+        elif word == "run":
+            driven.root = rest[0]
+
+    stderr = run_driver([str(DRIVER), str(db)], on_line)
     assert driven.root, stderr
     return driven
 
