@@ -4,17 +4,17 @@ The pykka actors (`RunSupervisor`, `ToolWorker`), the `Runtime` facade a host em
 stores and the CLI. Test helpers live in `steerable.actors.testing`.
 """
 
-from ._cancel import Cancelled, CancelScope
-from ._clock import Clock, ManualClock, SystemClock
-from ._events import EventStream
-from ._handle import RunHandle
-from ._pool import ToolWorker
-from ._replay import Replay
-from ._runtime import Runtime, RunTree
-from ._sqlite import SqliteStore
-from ._store import CheckpointStore, MemoryStore, RevisionInfo, RunSummary, StoredRun
-from ._supervisor import RunSupervisor
-from ._tool import (
+from ._engine.cancel import Cancelled, CancelScope
+from ._engine.clock import Clock, ManualClock, SystemClock
+from ._engine.pool import ToolWorker
+from ._host.events import EventStream
+from ._host.handle import RunHandle
+from ._host.runtime import Runtime, RunTree
+from ._host.supervisor import RunSupervisor
+from ._stores.replay import Replay
+from ._stores.sqlite import SqliteStore
+from ._stores.store import CheckpointStore, MemoryStore, RevisionInfo, RunSummary, StoredRun
+from ._tools.tool import (
     RetryableToolError,
     Tool,
     ToolArgumentsError,

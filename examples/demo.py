@@ -2,15 +2,15 @@
 
 Two real runs on one Runtime show parallel tools, a queued and an interrupting steering message,
 an approval, a tool timeout, a retry and a cancel, one line per event. The scenario lives in
-`steerable.actors._demo` so that the `steerable demo` command ships it too.
+`steerable.actors._cli.demo` so that the `steerable demo` command ships it too.
 """
 
 from __future__ import annotations
 
 import functools
 
-from steerable.actors._cli import quiet_logs
-from steerable.actors._demo import demo_ok, run_demo
+from steerable.actors._cli.cli import quiet_logs
+from steerable.actors._cli.demo import demo_ok, run_demo
 
 
 def main() -> int:

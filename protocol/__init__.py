@@ -33,6 +33,7 @@ from ._messages import (
 )
 from ._outcome import RunMetrics, RunOutcome
 from ._state import RunState, WaitingFor
+from ._stored import StoredRun
 from ._view import Budgets, RunView, Transcript
 
 __all__ = [
@@ -70,6 +71,7 @@ __all__ = [
     "SideEffect",
     "SteerableError",
     "SteeringMode",
+    "StoredRun",
     "SubagentCall",
     "SubagentResult",
     "SystemNote",

@@ -10,7 +10,7 @@ __all__ = ["Record"]
 class Record(BaseModel):
     """A frozen, strict-shaped pydantic model: the unit of data that crosses a boundary.
 
-    Frozen because pykka passes messages by reference (PYKKA.md T13); `extra="forbid"` so a
+    Frozen because pykka passes messages by reference (docs/pykka.md T13); `extra="forbid"` so a
     misspelt field is an error, not silently dropped data.
     """
 

@@ -2,7 +2,7 @@
 
 Host messages (user messages, approvals, cancels) carry the inbox `seq` assigned when they
 were accepted; tool and subagent results are correlated by `call_id`. The same records serve
-the inbox, the transcript, the checkpoint and replay (PYKKA.md T13).
+the inbox, the transcript, the checkpoint and replay (docs/pykka.md T13).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the agent sees at a decision: `RunView`, sharing the run's history without copying it.
 
 A validated model carrying the whole transcript made every step cost O(run length) in a
-prototype (PYKKA.md, last section); the view instead wraps the run's append-only entry list
+prototype (docs/pykka.md, last section); the view instead wraps the run's append-only entry list
 and a length, so building it is O(1) and later appends stay invisible to it.
 """
 

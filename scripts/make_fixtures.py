@@ -1,5 +1,5 @@
-"""Write the golden codec fixtures into tests/fixtures/checkpoints (STYLE.md: checkpoint formats
-have a history).
+"""Write the golden codec fixtures into tests/fixtures/checkpoints (docs/style.md:
+checkpoint formats have a history).
 
 Usage:
     python scripts/make_fixtures.py [--out DIR] [--check]

@@ -17,10 +17,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from steerable.actors._effects import CallJob, ChildJob, TimerKind
-from steerable.actors._machine import MODEL_KEY, RunMachine, ToolLike
-from steerable.actors._store import StoredRun
-from steerable.actors._tool import tool
+from steerable.actors._machine.effects import CallJob, ChildJob, TimerKind
+from steerable.actors._machine.machine import MODEL_KEY, RunMachine, ToolLike
+from steerable.actors._stores.store import StoredRun
+from steerable.actors._tools.tool import tool
 from steerable.protocol import (
     AgentError,
     AgentSpec,

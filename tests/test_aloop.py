@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from steerable.actors._aloop import AsyncRunner
+from steerable.actors._engine.aloop import AsyncRunner
 
 WAIT = 10.0  # generous fail-instead-of-hang bound for every wait in this file
 

@@ -11,8 +11,8 @@ import pykka
 import pytest
 from structlog.testing import capture_logs
 
-from steerable.actors._base import SteerableActor
-from steerable.actors._mux import Dispatcher, MuxActor
+from steerable.actors._engine.base import SteerableActor
+from steerable.actors._engine.mux import Dispatcher, MuxActor
 
 GUARD = 10.0  # seconds: fail instead of hanging, never a synchronisation
 

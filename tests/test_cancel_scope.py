@@ -7,8 +7,8 @@ import threading
 import pytest
 from structlog.testing import capture_logs
 
-from steerable.actors._cancel import Cancelled, CancelScope
-from steerable.actors._clock import ManualClock, SystemClock
+from steerable.actors._engine.cancel import Cancelled, CancelScope
+from steerable.actors._engine.clock import ManualClock, SystemClock
 
 GUARD = 10.0  # seconds: fail instead of hanging, never a synchronisation
 

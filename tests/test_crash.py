@@ -1,4 +1,4 @@
-"""The crash loop (MISSION.md R21, API.md "Semantics settled": durable inbox): runs driven
+"""The crash loop (R21 in docs/requirements.md; docs/contract.md, durable inbox): runs driven
 against a SqliteStore by a subprocess that is killed with SIGKILL at random points, then
 resumed by new processes, many times over.
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from steerable.actors._cli import build_parser, main
-from steerable.actors._demo import FEATURES, run_demo
+from steerable.actors._cli.cli import build_parser, main
+from steerable.actors._cli.demo import FEATURES, run_demo
 from steerable.protocol import RunState
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ that raise, hang forever, overrun their deadline, return unserialisable or 10 MB
 `sys.exit()`, raise `KeyboardInterrupt` or `asyncio.CancelledError`, or start threads of their
 own; agents that raise, hang or return garbage; hooks that raise or hang. The runtime keeps
 serving the other runs (every healthy run FINISHES), every failure is a typed `AgentError` on
-its own run (R5, R6, R7, R13, R15, PYKKA.md T3, T7), and after `shutdown()` the threads are
+its own run (R5, R6, R7, R13, R15, docs/pykka.md T3, T7), and after `shutdown()` the threads are
 the baseline plus exactly the abandoned workers `shutdown()` reported.
 
 Deterministic: a hung tool or agent waits on an event only the test sets, so a small real

@@ -477,8 +477,8 @@ def test_send_documents_the_error_for_an_unknown_mode() -> None:
 def test_the_store_does_not_change_what_send_accepts(tmp_path: Path) -> None:
     """A lone surrogate is a valid `str`; whether send() takes it must not depend on the store.
 
-    MISSION.md "Durable steering": accepted means stored. A message the durable codec cannot
-    encode must be refused the same way with every store (or encoded), not accepted in
+    Durable steering (docs/requirements.md): accepted means stored. A message the durable codec
+    cannot encode must be refused the same way with every store (or encoded), not accepted in
     memory and refused by SQLite with an undocumented error.
     """
     outcomes: dict[str, str] = {}

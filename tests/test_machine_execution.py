@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from steerable.actors._effects import TimerKind
+from steerable.actors._machine.effects import TimerKind
 from steerable.protocol import (
     AgentError,
     ErrorCode,

@@ -40,7 +40,7 @@ Differences the design documents, mapped explicitly (never ignored silently):
   phase's seconds must be equal.
 - plan arguments are compared in their stored JSON form (a call restored with its result
   keeps that form; calls that run again are validated again, compared in requests).
-- writes (API.md "Safe boundaries and checkpoints", docs/durability.md): a call of a `write`
+- writes (docs/contract.md "Safe boundaries", docs/durability.md): a call of a `write`
   tool without `honors_idempotency_key` that has no result when its checkpoint was stored may
   have started, so resume answers it `side_effect_unknown` instead of running it. From such a
   checkpoint the runs diverge by design: the test asserts that each such call gets that result
@@ -69,8 +69,8 @@ from typing import TYPE_CHECKING, Any
 from hypothesis import HealthCheck, settings
 from pydantic_core import to_jsonable_python
 
-from steerable.actors._effects import TimerKind
-from steerable.actors._store import StoredRun
+from steerable.actors._machine.effects import TimerKind
+from steerable.actors._stores.store import StoredRun
 from steerable.protocol import (
     AgentError,
     AskUser,
@@ -396,7 +396,7 @@ def test_resume_charges_the_steps_whose_results_were_journaled() -> None:
 
 
 def test_resume_keeps_the_count_of_model_retries() -> None:
-    # API.md "Model calls": provider_timeout is retried under the RetryPolicy, then ERROR.
+    # docs/contract.md "Model calls": provider_timeout is retried under the RetryPolicy, then ERROR.
     retry = RetryPolicy(max_retries=1, backoff=0.1, jitter=False)
     r = Run(config=RunConfig(model_timeout=2.0, retry=retry)).start()
     r.fire(TimerKind.MODEL_TIMEOUT, MODEL_KEY)  # timeout 1: retry 1 of 1

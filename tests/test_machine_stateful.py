@@ -7,7 +7,8 @@ modes, cancels (as a host message, and as `RunHandle.cancel` does: `cancel_now` 
 stored request), records hook errors, approves and denies real and bogus calls. Tool results and
 outputs are random JSON-like values, normalised as the supervisor normalises them; one tool
 (`book`) validates its arguments into a date, a pydantic model and a tuple. After every step it
-checks the invariants of STYLE.md and API.md: terminal states are final and silent, messages are
+checks the invariants of docs/style.md and docs/contract.md: terminal states are final and
+silent, messages are
 delivered in seq order exactly once, every dispatched attempt ends exactly once, budgets hold,
 checkpoints tile the transcript and validate, and the run settles exactly once.
 
@@ -40,8 +41,8 @@ from hypothesis.stateful import (
 )
 from pydantic_core import to_jsonable_python
 
-from steerable.actors._effects import TimerKind
-from steerable.actors._tool import normalize_result
+from steerable.actors._machine.effects import TimerKind
+from steerable.actors._tools.tool import normalize_result
 from steerable.protocol import (
     AgentError,
     ApprovalDecision,

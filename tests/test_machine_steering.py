@@ -1,5 +1,5 @@
 """RunMachine steering, driven directly: cancellation (R18), queue and interrupt messages (R20,
-API.md "Steering contract"), AskUser and approvals (API.md "Semantics settled")."""
+docs/contract.md "Steering contract"), AskUser and approvals (docs/contract.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from steerable.actors._effects import TimerKind
+from steerable.actors._machine.effects import TimerKind
 from steerable.protocol import (
     AgentError,
     AskUser,

@@ -10,7 +10,7 @@ from typing import Any
 import pykka
 import pytest
 
-from steerable.actors._mux import Dispatcher, MuxActor
+from steerable.actors._engine.mux import Dispatcher, MuxActor
 
 GUARD = 10.0  # seconds: fail instead of hanging, never a synchronisation
 
@@ -166,7 +166,7 @@ def _ask_until_dead(
 
 
 def test_asks_racing_a_stop_are_always_answered(dispatcher2: Dispatcher) -> None:
-    # PYKKA.md T8: with ThreadingActor a few asks sent during stop() were never answered.
+    # docs/pykka.md T8: with ThreadingActor a few asks sent during stop() were never answered.
     for _ in range(20):
         ref = Echo.start(dispatcher=dispatcher2)
         futures: list[pykka.Future[Any]] = []

@@ -1,4 +1,4 @@
-"""Passivation (MISSION.md "Passivation"): a run that waits for a person (AskUser or an
+"""Passivation (docs/requirements.md "Passivation"): a run that waits for a person (AskUser or an
 approval) is checkpointed and its supervisor stopped, so it holds no actor and no thread; its
 next message (a user message, an approval or denial, a cancel, or its own deadline) wakes it
 from the checkpoint, and the host sees one uninterrupted run.

@@ -11,8 +11,8 @@ from typing import Any
 import pykka
 import pytest
 
-from steerable.actors._clock import SystemClock
-from steerable.actors._pool import Job, ToolWorker, WorkerPool
+from steerable.actors._engine.clock import SystemClock
+from steerable.actors._engine.pool import Job, ToolWorker, WorkerPool
 
 WAIT = 10.0  # generous fail-instead-of-hang bound for every wait in this file
 

@@ -133,11 +133,11 @@ def _documented_attributes(model: type[BaseModel]) -> set[str]:
 
 @pytest.mark.parametrize("model", [RunConfig, RetryPolicy])
 def test_every_config_field_is_documented(model: type[BaseModel]) -> None:
-    # STYLE.md: every config field says its unit and default, in the class docstring.
+    # docs/style.md: every config field says its unit and default, in the class docstring.
     assert _documented_attributes(model) == set(model.model_fields)
 
 
-# --- RetryPolicy.delay (API.md "Retry delay") ----------------------------------------------
+# --- RetryPolicy.delay (docs/contract.md "Retry delay") ---
 
 
 def _expected(policy: RetryPolicy, retry: int) -> float:

@@ -1,6 +1,6 @@
 """`steerable.protocol` is pure data: importing it starts no thread and pulls in no runtime.
 
-STYLE.md: protocol/ never imports pykka, structlog or steerable.actors; no I/O besides codecs.
+docs/style.md: protocol/ never imports pykka, structlog or steerable.actors; no I/O besides codecs.
 """
 
 from __future__ import annotations

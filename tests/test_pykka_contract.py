@@ -1,4 +1,4 @@
-"""Contract tests on plain pykka: the behaviours PYKKA.md lists, and the hooks _mux.py uses.
+"""Contract tests on plain pykka: the behaviours docs/pykka.md lists, and the hooks _mux.py uses.
 
 steerable's design leans on each of these (T2, T4, T7, T8, T12, T13 and the dispatcher
 section). If a pykka upgrade changes one of them, a test here fails loudly and the design
@@ -251,7 +251,7 @@ def test_messages_are_passed_by_reference(refs: list[pykka.ActorRef[Any]]) -> No
     assert sent == ["mutated by the actor"]
 
 
-# --- the implementor hooks that steerable.actors._mux relies on -----------------------------
+# --- the implementor hooks that steerable.actors._engine.mux relies on ---
 
 
 class HookedInbox:

@@ -291,7 +291,7 @@ class HeldWriter(SqliteStore):
 def test_a_write_does_not_start_before_the_checkpoint_holding_its_key_is_stored(
     tmp_path: Path,
 ) -> None:
-    # API.md: the checkpoint after a decision is written once its calls are keyed, before
+    # docs/contract.md: the checkpoint after a decision is written once its calls are keyed, before
     # dispatch. If a write ran while that checkpoint was still in the writer's queue, a crash
     # would lose the plan but not the effect: the resumed agent decides again and its new
     # call c1.0 gets the same key as the executed one (found by tests/test_crash.py).

@@ -1,4 +1,4 @@
-"""Human approval as a waiting state (MISSION "Beyond the chapter", API.md "Approvals"): a call
+"""Human approval as a waiting state (docs/requirements.md, docs/contract.md "Approvals"): a call
 that requires approval parks, the rest of the plan proceeds, approve runs it once, deny gives
 the agent `approval_denied`, and the agent is not asked again until every approval of its plan
 is settled (queued user messages wait for that boundary too).

@@ -1,4 +1,4 @@
-"""Steering (R20, API.md "Steering contract"): `send` into the run's ordered inbox, queue and
+"""Steering (R20, docs/contract.md): `send` into the run's ordered inbox, queue and
 interrupt delivery, the run's default mode, seq order exactly once under concurrent senders,
 sends to ended runs, and AskUser waits.
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from steerable.actors import CheckpointStore, MemoryStore, SqliteStore
-from steerable.actors._sqlite import SCHEMA_VERSION
+from steerable.actors._stores.sqlite import SCHEMA_VERSION
 from steerable.protocol import (
     CallStatus,
     CapabilitySnapshot,
@@ -332,7 +332,7 @@ def test_many_writer_threads_lose_nothing(store: CheckpointStore) -> None:
 
 
 def test_sqlite_store_is_exported_from_steerable_actors() -> None:
-    # API.md "Running": `from steerable.actors import Runtime, SqliteStore`.
+    # docs/contract.md "Running": `from steerable.actors import Runtime, SqliteStore`.
     import steerable.actors
 
     assert getattr(steerable.actors, "SqliteStore", None) is SqliteStore

@@ -1,4 +1,4 @@
-"""Subagents (MISSION.md "Run trees", R3, R7): child runs, results up the tree, steering a child.
+"""Subagents (docs/requirements.md: run trees, R3, R7): child runs, results up, steering a child.
 
 Covered here: a `SubagentCall` starts a child run with its own run id, its parent's run id and
 trace id, and its depth; an unknown agent is a typed `unknown_agent` result, not a crash;

@@ -1,4 +1,4 @@
-"""Subagent budgets (MISSION.md "Run trees"; API.md "Budgets at the edge").
+"""Subagent budgets (docs/requirements.md "Run trees"; docs/contract.md "Budgets at the edge").
 
 Covered: before a child starts, its tool steps, model calls, tokens and deadline are reserved
 from what its parent has left (checked exactly, in the SUBAGENT_STARTED event and in the child's

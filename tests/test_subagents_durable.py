@@ -1,4 +1,4 @@
-"""Durable run trees (MISSION.md "Run trees", R3, R21): checkpoints record children; resume.
+"""Durable run trees (docs/requirements.md: run trees, R3, R21): children in checkpoints; resume.
 
 Covered: the parent's checkpoints record its children's run ids; a parent resumed in a new
 process (the tree was SIGKILLed with a child and a grandchild inside a tool, via

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from structlog.testing import capture_logs
 
-from steerable.actors._clock import ManualClock, SystemClock
-from steerable.actors._timer import TimerService
+from steerable.actors._engine.clock import ManualClock, SystemClock
+from steerable.actors._engine.timer import TimerService
 
 GUARD = 10.0  # seconds: fail instead of hanging, never a synchronisation
 

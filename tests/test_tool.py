@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field, SecretBytes, SecretStr
 
-from steerable.actors._cancel import Cancelled, CancelScope
-from steerable.actors._tool import (
+from steerable.actors._engine.cancel import Cancelled, CancelScope
+from steerable.actors._tools.tool import (
     RetryableToolError,
     Tool,
     ToolArgumentsError,

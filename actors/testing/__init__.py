@@ -10,8 +10,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from steerable.actors._handle import RunHandle
-from steerable.actors._tool import Tool, ToolContext, tool
+from steerable.actors import RunHandle, Tool, ToolContext, tool
 from steerable.protocol import (
     AskUser,
     EventKind,

@@ -143,7 +143,7 @@ class _InlineFx:
 def machine(iters: int, runs: int, profile: bool, top: int) -> None:
     """The pure machine, on this thread, with effects applied in-line."""
     from steerable.actors import MemoryStore
-    from steerable.actors._machine import RunMachine
+    from steerable.actors._machine.machine import RunMachine
     from steerable.protocol import AgentSpec, CapabilitySnapshot
 
     store = MemoryStore()

@@ -1,7 +1,7 @@
 """The table: which figure of which case is reported, against which floor, target and anchor.
 
-Targets and anchors are copied from /work/shared/spec/BENCHMARKS.md. A target applies to the
-unpinned ("U") and/or pinned ("P") figure, as BENCHMARKS.md states it; where it names neither,
+Targets and anchors are copied from docs/benchmarks.md. A target applies to the
+unpinned ("U") and/or pinned ("P") figure, as docs/benchmarks.md states it; where it names neither,
 both are judged.
 """
 
@@ -646,7 +646,7 @@ def _table(rows: list[dict[str, Any]], pins: list[str], anchors: bool) -> list[l
         head += ["ratio (P)"]
     head += ["target", "met"]
     if anchors:
-        head += ["anchors (BENCHMARKS.md)"]
+        head += ["anchors (docs/benchmarks.md)"]
     table = [head]
     for rec in rows:
         if "note" in rec:

@@ -1,4 +1,4 @@
-"""`just bench`: run every workload of BENCHMARKS.md, print one table, write the JSON.
+"""`just bench`: run every workload of docs/benchmarks.md, print one table, write the JSON.
 
     python -m tests.bench [--quick] [--only W1,W3] [--no-pin] [--out FILE] [--markdown FILE]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from steerable.actors._sqlite import SqliteStore
+from steerable.actors._stores.sqlite import SqliteStore
 from steerable.protocol import CapabilitySnapshot, RunConfig, RunSnapshot, RunState, SystemNote
 
 ENTRIES_PER_REVISION = 2

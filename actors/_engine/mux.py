@@ -1,0 +1,439 @@
+"""pykka actors that own no thread: many supervisors multiplexed on a few dispatcher threads.
+
+One OS thread per RunSupervisor made 1,000 concurrent runs take 1.1-1.7 s (thread start
+convoys on the GIL); multiplexed on 1-2 dispatcher threads they take ~0.4 s (docs/pykka.md, last
+section). `MuxActor` keeps pykka's whole surface (`tell`, `ask`, `stop`, `is_alive`, the
+`ActorRegistry`) by overriding only the implementor hooks `_create_actor_inbox`,
+`_create_future` and `_start_actor_loop`; tests/test_pykka_contract.py pins those hooks.
+
+The price: a handler that blocks stalls every actor on its dispatcher thread, which makes
+"the supervisor never blocks" (T2) load-bearing.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sys
+import threading
+from collections import deque
+from typing import TYPE_CHECKING, Any, Final
+
+import pykka
+from pykka import messages as pykka_messages
+
+from .clock import SystemClock
+from .log import get_logger
+
+if TYPE_CHECKING:
+    from pykka._actor import ActorInbox
+    from pykka._envelope import Envelope
+
+__all__ = ["Dispatcher", "MuxActor", "collect_inline", "service_inline"]
+
+_log = get_logger("steerable.mux")
+# The messages pykka itself logs for the same events go to pykka's logger, as they would for a
+# ThreadingActor, so a host's pykka log settings keep working.
+_pykka_log = logging.getLogger("pykka")
+
+_STOP: Final = object()  # the ready-queue item that ends one dispatcher thread
+
+# Handoff elision: a worker thread that reports a result to a supervisor may handle that
+# supervisor's messages itself, right after its job, instead of waking a dispatcher thread
+# (each thread handoff costs tens of microseconds; docs/pykka.md, last section). While a thread
+# collects, `put` records actors it schedules here instead of on the ready queue; the thread
+# then services them exactly as a dispatcher thread would. Exclusivity is unchanged: the
+# `scheduled` flag still gives each actor to one thread at a time.
+_inline = threading.local()
+
+
+def collect_inline() -> list[_MuxInbox]:
+    """Start collecting actors this thread schedules; returns the list they go to."""
+    collected: list[_MuxInbox] = []
+    _inline.inboxes = collected
+    return collected
+
+
+def service_inline(collected: list[_MuxInbox]) -> None:
+    """Stop collecting, then handle the collected actors' messages on this thread."""
+    _inline.inboxes = None
+    for inbox in collected:
+        dispatcher = inbox.dispatcher
+        assert dispatcher is not None
+        dispatcher._service_guarded(inbox, -1)
+
+
+class _MuxInbox:
+    """A MuxActor's inbox (pykka's `ActorInbox` protocol): a deque plus a scheduled flag.
+
+    `put` appends and, unless the actor is already on the dispatcher's ready queue (or being
+    handled), puts it there. Only the thread that took the actor off the ready queue touches
+    it until it clears `scheduled`, so an actor never runs on two threads at once. Everything
+    below is guarded by `lock`, so a message put concurrently is never stranded: either the
+    dispatcher sees it before unscheduling, or `put` sees `scheduled` cleared and schedules.
+    """
+
+    __slots__ = (
+        "actor",
+        "closed",
+        "dispatcher",
+        "envelopes",
+        "kill",
+        "lock",
+        "scheduled",
+        "started",
+    )
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.envelopes: deque[Envelope[Any]] = deque()
+        # Held (True) until `_start_actor_loop`: a message told before the actor starts must
+        # not get it handled before `on_start` has run.
+        self.scheduled = True
+        self.started = False  # on_start has run; touched only by the owning dispatcher thread
+        self.closed = False  # torn down: puts are answered at once, never queued
+        self.kill = False  # Dispatcher.stop(): stop now, skip the queue
+        # Bound by MuxActor.__init__ right after pykka's Actor.__init__ created the inbox
+        # (`_create_actor_inbox` is a staticmethod and cannot know its actor).
+        self.actor: MuxActor | None = None
+        self.dispatcher: Dispatcher | None = None
+
+    def put(self, envelope: Envelope[Any], /) -> None:
+        with self.lock:
+            if not self.closed:
+                self.envelopes.append(envelope)
+                if self.scheduled:
+                    return
+                self.scheduled = True
+                collected = getattr(_inline, "inboxes", None)
+                if collected is not None:
+                    collected.append(self)
+                    return
+                dispatcher = self.dispatcher
+                assert dispatcher is not None
+                dispatcher._ready.put(self)
+                return
+        # T8: pykka can lose a message that lands during teardown; here it is answered.
+        _answer_dead(envelope, "stopped before handling the message")
+
+    def get(self) -> Envelope[Any]:
+        """Take the oldest envelope; raises `queue.Empty` (never blocks: nobody waits on it)."""
+        with self.lock:
+            if not self.envelopes:
+                raise queue.Empty
+            return self.envelopes.popleft()
+
+    def empty(self) -> bool:
+        with self.lock:
+            return not self.envelopes
+
+
+class Dispatcher:
+    """A few daemon threads that run many `MuxActor`s, one actor per thread at a time.
+
+    Start it before (or after) starting actors on it; stop it after the runtime stopped its
+    actors. `stop()` also stops any actor still alive, skipping its queued messages.
+
+    Args:
+        threads: Number of dispatcher threads (default 1). Handlers still run one at a time
+            per actor, in FIFO order.
+        name: Thread-name prefix (default "steerable-dispatch"); threads are `"{name}-{i}"`.
+        batch: Most envelopes (default 64) one actor handles before the thread moves on to the
+            next ready actor, so a chatty actor cannot starve the others.
+    """
+
+    def __init__(
+        self, *, threads: int = 1, name: str = "steerable-dispatch", batch: int = 64
+    ) -> None:
+        if threads < 1:
+            raise ValueError("a dispatcher needs at least one thread")
+        if batch < 1:
+            raise ValueError("batch must be at least 1")
+        self._name = name
+        self._batch = batch
+        self._thread_count = threads
+        self._ready: queue.SimpleQueue[object] = queue.SimpleQueue()  # _MuxInbox or _STOP
+        self._cond = threading.Condition(threading.Lock())
+        self._live: set[_MuxInbox] = set()
+        self._threads: list[threading.Thread] = []
+        # One counter per thread, each written only by its own thread: no lock, no lost update.
+        # Index -1 counts messages handled inline by worker threads (approximate: several
+        # workers may add at once; it is a statistic, not a control).
+        self._handled = [0] * (threads + 1)
+        self._started = False
+        self._stopping = False
+
+    def start(self) -> None:
+        """Start the threads. Idempotent; raises RuntimeError once stopped."""
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("Dispatcher is stopped and cannot be restarted")
+            if self._started:
+                return
+            self._started = True
+            self._threads = [
+                threading.Thread(target=self._run, args=(i,), name=f"{self._name}-{i}", daemon=True)
+                for i in range(self._thread_count)
+            ]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """Stop every actor still alive, then the threads; waits up to `timeout` seconds in all.
+
+        Live actors stop without handling their queued messages: pending asks get
+        `ActorDeadError`, queued tells are dropped, `on_stop` runs. A handler that is running
+        finishes first; one that blocks past `timeout` leaves its (daemon) thread behind,
+        which is logged. Idempotent. Must not be called from a dispatcher thread.
+        """
+        if threading.current_thread() in self._threads:
+            raise RuntimeError("Dispatcher.stop() called from its own thread would deadlock")
+        clock = SystemClock()
+        deadline = None if timeout is None else clock.now() + timeout
+        with self._cond:
+            self._stopping = True
+            live = list(self._live)
+            started = self._started
+        for inbox in live:
+            with inbox.lock:
+                inbox.kill = True
+                if inbox.scheduled:
+                    continue
+                inbox.scheduled = True
+            self._ready.put(inbox)
+        if not started:
+            # No thread will ever take them off the ready queue: tear them down here.
+            self._drain_unstarted()
+        with self._cond:
+            remaining = None if deadline is None else max(0.0, deadline - clock.now())
+            if not self._cond.wait_for(lambda: not self._live, remaining):
+                _log.warning("dispatcher_stop_actors_timeout", actors_live=len(self._live))
+        for _ in self._threads:
+            self._ready.put(_STOP)
+        for thread in self._threads:
+            remaining = None if deadline is None else max(0.0, deadline - clock.now())
+            thread.join(remaining)
+            if thread.is_alive():
+                _log.warning("dispatcher_thread_still_running", thread=thread.name)
+
+    def statistics(self) -> dict[str, int]:
+        """Counters: `actors_live`, `ready_queue_depth`, `messages_handled`, and the
+        `inbox_depth_total` / `inbox_depth_max` of messages waiting in actors' inboxes."""
+        with self._cond:
+            inboxes = list(self._live)
+        depths = [len(inbox.envelopes) for inbox in inboxes]
+        return {
+            "actors_live": len(inboxes),
+            "ready_queue_depth": self._ready.qsize(),
+            "messages_handled": sum(self._handled),
+            "inbox_depth_total": sum(depths),
+            "inbox_depth_max": max(depths, default=0),
+        }
+
+    def _admit(self, inbox: _MuxInbox) -> None:
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("Dispatcher is stopped: cannot start an actor on it")
+            self._live.add(inbox)
+        self._ready.put(inbox)
+
+    def _drain_unstarted(self) -> None:
+        while True:
+            try:
+                item = self._ready.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _MuxInbox):
+                self._service_guarded(item, 0)
+
+    def _run(self, index: int) -> None:
+        ready = self._ready
+        while True:
+            item = ready.get()
+            if not isinstance(item, _MuxInbox):
+                return
+            self._service_guarded(item, index)
+
+    def _service_guarded(self, inbox: _MuxInbox, index: int) -> None:
+        try:
+            self._service(inbox, index)
+        except BaseException:  # noqa: BLE001 - last line: no actor may kill a dispatcher thread
+            _log.error("dispatcher_actor_failed", actor=str(inbox.actor), exc_info=True)
+            actor = inbox.actor
+            if actor is not None:
+                pykka.ActorRegistry.unregister(actor.actor_ref)
+                actor.actor_stopped.set()
+            self._teardown(inbox)
+
+    def _service(self, inbox: _MuxInbox, index: int) -> None:
+        actor = inbox.actor
+        assert actor is not None
+        if not inbox.kill and not inbox.started:
+            inbox.started = True
+            _setup(actor)
+        handled = 0
+        stopped = actor.actor_stopped
+        envelopes = inbox.envelopes
+        while handled < self._batch and not inbox.kill and not stopped.is_set():
+            try:
+                # No lock: this thread is the only consumer and deque.popleft is atomic; the
+                # lock matters only for the decision to unschedule, below.
+                envelope = envelopes.popleft()
+            except IndexError:
+                break
+            _handle_envelope(actor, envelope)
+            handled += 1
+        self._handled[index] += handled
+        if inbox.kill:
+            self._kill(inbox, actor)
+            return
+        if stopped.is_set():
+            self._teardown(inbox)
+            return
+        with inbox.lock:
+            if envelopes or inbox.kill:
+                requeue = True
+            else:
+                inbox.scheduled = False
+                requeue = False
+        if requeue:
+            # To the back of the queue: fairness between actors.
+            self._ready.put(inbox)
+
+    def _kill(self, inbox: _MuxInbox, actor: MuxActor) -> None:
+        if not actor.actor_stopped.is_set():
+            if inbox.started:
+                _stop_actor(actor)
+            else:
+                # Never started: no on_start ran, so no on_stop either.
+                pykka.ActorRegistry.unregister(actor.actor_ref)
+                actor.actor_stopped.set()
+        self._teardown(inbox)
+
+    def _teardown(self, inbox: _MuxInbox) -> None:
+        """What pykka's `_actor_loop_teardown` does, plus closing the inbox to late puts."""
+        with inbox.lock:
+            inbox.closed = True
+            leftovers = list(inbox.envelopes)
+            inbox.envelopes.clear()
+            actor = inbox.actor
+            # The ref (held by anyone) keeps the inbox; the inbox must not keep the actor.
+            inbox.actor = None
+        for envelope in leftovers:
+            _answer_dead(envelope, f"{actor} stopped before handling the message")
+        with self._cond:
+            self._live.discard(inbox)
+            self._cond.notify_all()
+
+
+class MuxActor(pykka.Actor):
+    """A pykka actor that owns no thread: its messages are handled on a Dispatcher's threads.
+
+    Subclasses call `super().__init__(dispatcher=...)`. `tell`, `ask`, `ActorRef.stop()`,
+    `is_alive` and the `ActorRegistry` work as for a `ThreadingActor`; `on_start` runs on a
+    dispatcher thread before the first message. Differences, all deliberate: a
+    `BaseException` from a handler stops only this actor (pykka would `stop_all()` the
+    process, T7/T9), and a message put while the actor is being torn down is answered with
+    `ActorDeadError` instead of being lost (T8).
+
+    Args:
+        dispatcher: The dispatcher whose threads run this actor.
+    """
+
+    def __init__(self, *, dispatcher: Dispatcher) -> None:
+        super().__init__()
+        inbox = self.actor_inbox
+        if not isinstance(inbox, _MuxInbox):
+            raise TypeError("MuxActor subclasses must not override _create_actor_inbox")
+        inbox.actor = self
+        inbox.dispatcher = dispatcher
+        self._steerable_dispatcher = dispatcher
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The dispatcher whose threads run this actor."""
+        return self._steerable_dispatcher
+
+    @staticmethod
+    def _create_actor_inbox() -> ActorInbox:
+        return _MuxInbox()
+
+    @staticmethod
+    def _create_future() -> pykka.Future[Any]:
+        return pykka.ThreadingFuture()
+
+    def _start_actor_loop(self) -> None:
+        inbox = self.actor_inbox
+        assert isinstance(inbox, _MuxInbox)
+        try:
+            self._steerable_dispatcher._admit(inbox)
+        except RuntimeError:
+            # Actor.start() registered us already: leave no zombie behind (T1).
+            pykka.ActorRegistry.unregister(self.actor_ref)
+            self.actor_stopped.set()
+            with inbox.lock:
+                inbox.closed = True
+                inbox.actor = None
+            raise
+
+
+def _setup(actor: MuxActor) -> None:
+    """pykka's `_actor_loop_setup`, except that a BaseException stops only this actor."""
+    try:
+        actor.on_start()
+    except Exception:  # noqa: BLE001 - same as pykka: log, unregister, stop
+        actor._handle_failure(*sys.exc_info())
+    except BaseException:  # noqa: BLE001 - T7: never escape to the dispatcher thread
+        _log.error("actor_start_base_exception", actor=str(actor), exc_info=True)
+        actor._handle_failure(*sys.exc_info())
+
+
+def _handle_envelope(actor: MuxActor, envelope: Envelope[Any]) -> None:
+    """One turn of pykka's `_actor_loop_running`, except for BaseException (T7/T9)."""
+    try:
+        response = actor._handle_receive(envelope.message)
+        if envelope.reply_to is not None:
+            envelope.reply_to.set(response)
+    except Exception:  # noqa: BLE001 - pykka's semantics: answer the asker or fail the actor
+        if envelope.reply_to is not None:
+            _pykka_log.info(f"Exception returned from {actor} to caller:", exc_info=True)
+            envelope.reply_to.set_exception()
+        else:
+            actor._handle_failure(*sys.exc_info())
+            try:
+                actor.on_failure(*sys.exc_info())
+            except Exception:  # noqa: BLE001
+                actor._handle_failure(*sys.exc_info())
+    except BaseException as exc:  # noqa: BLE001
+        # pykka would call ActorRegistry.stop_all() and stop the host's actors too (T9), and
+        # leave the asker hanging. Stop only this actor and answer the asker.
+        _log.error("actor_base_exception", actor=str(actor), error=repr(exc), exc_info=True)
+        if envelope.reply_to is not None:
+            dead = pykka.ActorDeadError(f"{actor} stopped by {exc!r}")
+            dead.__cause__ = exc
+            envelope.reply_to.set_exception(exc_info=(type(dead), dead, None))
+        _stop_actor(actor)
+
+
+def _stop_actor(actor: MuxActor) -> None:
+    """pykka's `_stop()` (unregister, stopped, `on_stop`) with nothing allowed to escape."""
+    try:
+        actor._stop()
+    except BaseException:  # noqa: BLE001
+        _log.error("actor_stop_failed", actor=str(actor), exc_info=True)
+        pykka.ActorRegistry.unregister(actor.actor_ref)
+        actor.actor_stopped.set()
+
+
+def _answer_dead(envelope: Envelope[Any], reason: str) -> None:
+    reply_to = envelope.reply_to
+    if reply_to is None:
+        return  # a tell to a dead actor is dropped, as pykka does
+    try:
+        if isinstance(envelope.message, pykka_messages._ActorStop):
+            reply_to.set(None)  # pykka answers a stop that arrives while stopping with "stopped"
+        else:
+            error = pykka.ActorDeadError(reason)
+            reply_to.set_exception(exc_info=(type(error), error, None))
+    except queue.Full:
+        pass  # already answered

@@ -1,0 +1,1 @@
+"""The host side: supervisors, jobs, the run directory, handles, run trees and the `Runtime`."""

@@ -1,0 +1,140 @@
+"""`RunCell`: what a run's supervisor publishes and its handles read, without asking the actor.
+
+The host never `ask`s a supervisor (docs/pykka.md T2): state, revision, pending approvals and the
+outcome are published here by the supervisor's thread and read from any thread. The cell
+also serialises host messages: the inbox `seq` is assigned, the message stored, and the actor
+told under one lock, so messages reach the run in `seq` order (R20).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Callable
+
+from steerable.actors._engine.cancel import CancelScope
+from steerable.protocol import (
+    AgentError,
+    ApprovalRequest,
+    HostMessage,
+    RunOutcome,
+    RunState,
+)
+
+from .events import EventLog
+
+__all__ = ["RunCell"]
+
+
+class RunCell:
+    """The shared, thread-safe face of one run.
+
+    Args:
+        run_id: The run.
+        trace_id: Its trace.
+        parent_run_id: Its parent, for a subagent.
+        events: Its event log (a child shares its root's log).
+        next_seq: The next inbox seq (a resumed run continues after its last one).
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        trace_id: str,
+        parent_run_id: str | None,
+        events: EventLog,
+        next_seq: int = 0,
+        *,
+        parent_scope: CancelScope | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.trace_id = trace_id
+        self.parent_run_id = parent_run_id
+        self.events = events
+        # A child's scope hangs under its parent's: cancelling a run reaches its whole tree
+        # at once (R18); the tree's root owns the event stream and closes it.
+        self.scope = CancelScope() if parent_scope is None else parent_scope.child()
+        self.owns_events = parent_run_id is None
+        self._on_settle: list[Callable[[RunOutcome], None]] = []
+        self.state = RunState.IDLE
+        self.revision = -1
+        self.future: concurrent.futures.Future[RunOutcome] = concurrent.futures.Future()
+        self.lock = threading.Lock()
+        self.next_seq = next_seq
+        self.cancel_requested = False
+        self.stored = threading.Event()
+        """Set once the store holds a revision of this run (durable `start()` waits for it)."""
+        self._approvals: dict[str, ApprovalRequest] = {}
+        self._approvals_open = True
+
+    # --------------------------------------------------------------- host side
+
+    def accept(
+        self, build: Callable[[int], HostMessage], deliver: Callable[[HostMessage], None]
+    ) -> HostMessage:
+        """Assign the next seq, build the message, store and deliver it, all in order."""
+        with self.lock:
+            message = build(self.next_seq)
+            deliver(message)
+            self.next_seq += 1
+            return message
+
+    def claim_approval(self, call_id: str) -> bool:
+        """Take a pending approval out of the table; True for exactly one caller."""
+        with self.lock:
+            return self._approvals.pop(call_id, None) is not None
+
+    def pending_approvals(self) -> list[ApprovalRequest]:
+        """The calls waiting for a person, oldest first."""
+        with self.lock:
+            return list(self._approvals.values())
+
+    # --------------------------------------------------------------- supervisor side
+
+    def approval_requested(self, request: ApprovalRequest) -> None:
+        """A call is parked for approval."""
+        with self.lock:
+            if self._approvals_open:
+                self._approvals[request.call_id] = request
+
+    def approval_settled(self, call_id: str) -> None:
+        """A parked call was approved, denied or cancelled."""
+        with self.lock:
+            self._approvals.pop(call_id, None)
+
+    def close_approvals(self) -> None:
+        """The run ended: nothing can be approved any more."""
+        with self.lock:
+            self._approvals.clear()
+            self._approvals_open = False
+
+    def settle(self, outcome: RunOutcome) -> None:
+        """Publish the outcome (once), tell who waits for it, close the event stream."""
+        self.state = outcome.state
+        self.revision = outcome.revision
+        if self.future.done():
+            return
+        self.future.set_result(outcome)
+        with self.lock:
+            callbacks, self._on_settle = self._on_settle, []
+        for callback in callbacks:
+            callback(outcome)
+        if self.owns_events:
+            self.events.close()
+        self.scope.detach()
+
+    def on_settle(self, callback: Callable[[RunOutcome], None]) -> None:
+        """Call `callback(outcome)` when the run settles (at once if it has)."""
+        with self.lock:
+            if not self.future.done():
+                self._on_settle.append(callback)
+                return
+        callback(self.future.result())
+
+    def fail(self, error: AgentError) -> None:
+        """Last resort after a defect: settle the host's future with an ERROR outcome."""
+        self.settle(
+            RunOutcome(
+                run_id=self.run_id, state=RunState.ERROR, errors=(error,), revision=self.revision
+            )
+        )

@@ -1,0 +1,198 @@
+"""`RunHandle`: the host's grip on one run (state, steering, approvals, cancel, result, events)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+from steerable.protocol import (
+    AgentError,
+    ApprovalDecision,
+    ApprovalRequest,
+    CancelRequest,
+    ErrorCode,
+    HostMessage,
+    RunOutcome,
+    RunState,
+    SteerableError,
+    SteeringMode,
+    UserMessage,
+)
+
+from .events import EventStream
+
+if TYPE_CHECKING:
+    from .cell import RunCell
+    from .runtime import Runtime
+
+__all__ = ["RunHandle"]
+
+
+class RunHandle:
+    """A handle on one run. Cheap to create; any number may exist; safe from any thread.
+
+    Every method returns at once: nothing here waits for the run's actor (a message is
+    stored, when the store is durable, and delivered by `tell`).
+    """
+
+    __slots__ = ("_cell", "_runtime")
+
+    def __init__(self, runtime: Runtime, cell: RunCell) -> None:
+        self._runtime = runtime
+        self._cell = cell
+
+    @property
+    def run_id(self) -> str:
+        """The run's id (owned by the runtime, R3)."""
+        return self._cell.run_id
+
+    @property
+    def trace_id(self) -> str:
+        """The trace id shared by the run and its subagents."""
+        return self._cell.trace_id
+
+    @property
+    def parent_run_id(self) -> str | None:
+        """The parent run of a subagent; None for a top-level run."""
+        return self._cell.parent_run_id
+
+    @property
+    def state(self) -> RunState:
+        """The run's current state."""
+        return self._cell.state
+
+    @property
+    def revision(self) -> int:
+        """The revision of the run's latest checkpoint."""
+        return self._cell.revision
+
+    def send(self, content: str, mode: SteeringMode | str | None = None) -> int:
+        """Send a user message into the run's inbox; returns its inbox `seq` (R20).
+
+        Args:
+            content: The message text.
+            mode: "queue" (delivered before the next model call) or "interrupt" (the current
+                plan's calls are cancelled and the message is delivered at once). Default:
+                the run's `RunConfig.steering`.
+
+        Raises:
+            SteerableError: code `run_ended` if the run is already terminal.
+            ValueError: `mode` is not "queue" or "interrupt", or `content` is not valid
+                Unicode text (e.g. a lone surrogate). Nothing is sent.
+        """
+        try:
+            steering = SteeringMode(mode) if mode is not None else self._runtime._steering(self)
+        except ValueError:
+            raise ValueError(f"mode must be 'queue' or 'interrupt', not {mode!r}") from None
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError as exc:  # lone surrogates: no store could keep the text
+            raise ValueError(f"content is not valid Unicode text: {exc.reason}") from None
+
+        def build(seq: int) -> HostMessage:
+            return UserMessage(
+                seq=seq, content=content, mode=steering, at=self._runtime.clock.wall()
+            )
+
+        return self._post(build).seq
+
+    def pending_approvals(self) -> list[ApprovalRequest]:
+        """The calls waiting for a person's approval."""
+        return self._cell.pending_approvals()
+
+    def approve(self, call_id: str) -> bool:
+        """Approve a pending call; True if it settled one, False otherwise (docs/contract.md)."""
+        return self._settle(call_id, approved=True, reason="")
+
+    def deny(self, call_id: str, reason: str = "") -> bool:
+        """Deny a pending call: the agent gets an `approval_denied` result."""
+        return self._settle(call_id, approved=False, reason=reason)
+
+    def cancel(self, reason: str = "cancelled") -> bool:
+        """Cancel the run and its in-flight work at once (R18).
+
+        Returns:
+            True if this call took effect; False if the run was already terminal or
+            already being cancelled.
+        """
+        cell = self._cell
+        with cell.lock:
+            if cell.state.is_terminal or cell.cancel_requested:
+                return False
+            cell.cancel_requested = True
+        # First tell the supervisor (so it acts before any result the cancellation provokes),
+        # then cancel the scope on this thread: tools waiting on their context wake at once.
+        self._runtime._cancel_now(cell, reason)
+        cell.scope.cancel(reason)
+
+        def build(seq: int) -> HostMessage:
+            return CancelRequest(seq=seq, reason=reason, at=self._runtime.clock.wall())
+
+        # Recorded in order (and stored): what a crash recovery sees. The run may already
+        # have ended from the signal above; the cancel took effect either way.
+        with contextlib.suppress(SteerableError):
+            self._post(build)
+        return True
+
+    def result(self, timeout: float | None = None) -> RunOutcome:
+        """Block until the run is terminal and return its outcome.
+
+        Raises:
+            TimeoutError: The run did not end within `timeout` seconds.
+        """
+        return self._cell.future.result(timeout)
+
+    async def wait(self) -> RunOutcome:
+        """Await the run's outcome without blocking the event loop."""
+        return await asyncio.wrap_future(self._cell.future)
+
+    def done(self) -> bool:
+        """Whether the run has an outcome."""
+        return self._cell.future.done()
+
+    def events(self, start: int = 0, timeout: float | None = None) -> EventStream:
+        """The run's events from seq `start`, for `for` and `async for`; ends with the run.
+
+        A top-level run's stream includes its subagents' events (tagged with their run ids);
+        a subagent's handle streams only its own.
+        """
+        cell = self._cell
+        return cell.events.stream(start, timeout, None if cell.owns_events else cell.run_id)
+
+    def __repr__(self) -> str:
+        return f"<RunHandle {self.run_id} {self.state.value}>"
+
+    # ------------------------------------------------------------------ internals
+
+    def _settle(self, call_id: str, *, approved: bool, reason: str) -> bool:
+        if not self._cell.claim_approval(call_id):
+            return False
+
+        def build(seq: int) -> HostMessage:
+            return ApprovalDecision(
+                seq=seq,
+                call_id=call_id,
+                approved=approved,
+                reason=reason,
+                at=self._runtime.clock.wall(),
+            )
+
+        try:
+            self._post(build)
+        except SteerableError:
+            return False
+        return True
+
+    def _post(self, build: object) -> HostMessage:
+        cell = self._cell
+        if cell.state.is_terminal:
+            raise SteerableError(
+                AgentError.of(
+                    ErrorCode.RUN_ENDED,
+                    f"run {cell.run_id} is {cell.state.value}; nothing more can be sent to it",
+                    run_id=cell.run_id,
+                    state=cell.state.value,
+                )
+            )
+        return self._runtime._post(cell, build)  # type: ignore[arg-type]

@@ -1,0 +1,588 @@
+"""`Runtime`: the facade a host embeds. It owns the shared machinery and the live runs.
+
+One runtime holds one dispatcher (supervisors' threads), one timer thread, one worker pool
+for blocking user code, one hook worker, one lazily started asyncio loop, and a store. It
+keeps its own directory of runs and stops only what it started (docs/pykka.md T9): it never calls
+`ActorRegistry.stop_all()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pykka
+
+from steerable.actors._engine.aloop import AsyncRunner
+from steerable.actors._engine.clock import Clock, SystemClock
+from steerable.actors._engine.log import get_logger
+from steerable.actors._engine.mux import Dispatcher
+from steerable.actors._engine.pool import WorkerPool
+from steerable.actors._engine.timer import TimerService
+from steerable.actors._machine.effects import ChildJob
+from steerable.actors._machine.machine import RunMachine
+from steerable.actors._stores.replay import Replay, replay_of
+from steerable.actors._stores.store import CheckpointStore, MemoryStore, RevisionInfo
+from steerable.actors._tools.tool import Tool, tool
+from steerable.protocol import (
+    AgentError,
+    AgentSpec,
+    CapabilitySnapshot,
+    Compatibility,
+    ErrorCode,
+    ForkOrigin,
+    HookName,
+    HostMessage,
+    RunConfig,
+    RunEvent,
+    RunOutcome,
+    SteerableError,
+    SteeringMode,
+    new_run_id,
+    new_trace_id,
+)
+
+from .cell import RunCell
+from .directory import RunDirectory, RunEntry
+from .events import EventLog
+from .handle import RunHandle
+from .jobs import Accept
+from .runtrees import RunTree, build_tree, check_compatible, start_child
+from .supervisor import Begin, CancelNow, RunSupervisor
+
+__all__ = ["Agent", "RunTree", "Runtime", "Services"]
+
+_log = get_logger("steerable.runtime")
+_CAPABILITY_CACHE = 1024  # distinct (agent, tool set) snapshots kept
+
+Agent = Any
+"""An agent: any object with `decide(view) -> Decision` (plain or async) and optional `name`."""
+
+Hook = Callable[[RunEvent], object]
+
+
+@dataclass(slots=True)
+class Services:
+    """The shared machinery every supervisor of one runtime uses."""
+
+    clock: Clock
+    dispatcher: Dispatcher
+    timer: TimerService
+    pool: WorkerPool
+    hook_pool: WorkerPool
+    aloop: AsyncRunner
+    store: CheckpointStore
+    hook_timeout: float
+    run_ended: Callable[[str], None]
+    park: Callable[[RunSupervisor], None]
+    start_child: Callable[[RunSupervisor, ChildJob], None]
+    cancel_child: Callable[[str, str], None]
+    agents: frozenset[str]
+
+
+def agent_name(agent: Agent) -> str:
+    """An agent's name: its `name` attribute, else its class name."""
+    name = getattr(agent, "name", None)
+    return name if isinstance(name, str) and name else type(agent).__name__
+
+
+def _as_tool(obj: Tool[Any, Any] | Callable[..., Any]) -> Tool[Any, Any]:
+    return obj if isinstance(obj, Tool) else tool(obj)
+
+
+class Runtime:
+    """Runs agent runs. Use as a context manager, or call `shutdown()` when done.
+
+    Args:
+        store: Where checkpoints go. Default: a `MemoryStore` (nothing survives the process).
+            The runtime closes its store on shutdown.
+        tools: Tools every run may call (`@tool`-decorated, or plain functions).
+        agents: Agents available as subagents, by name.
+        config: The default `RunConfig` of runs started without one.
+        clock: The time source (a `ManualClock` in tests).
+        max_workers: Most tool/decide worker threads at once. Default 256.
+        prestart_workers: Workers started ahead of demand. Default 0.
+        max_abandoned: Abandoned (hung) worker threads tolerated before new calls are refused
+            with `resource_exhausted`. Default 64.
+        dispatcher_threads: Threads that run all supervisors. Default 1.
+        hook_timeout: Seconds a run waits for its hooks before giving up on them. Default 5.
+        thread_stack_size: If set, calls `threading.stack_size()` with it (process-global!)
+            before starting threads. Default None: the process's setting is left alone.
+        passivate: Runs waiting for a person give up their supervisor and are woken by
+            their next message (docs/requirements.md "Passivation"). Default True.
+        hook_workers: Threads that run hooks (each run's hooks run one at a time, in order;
+            a hung hook holds one thread until `hook_timeout`). Default 8.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: CheckpointStore | None = None,
+        tools: Iterable[Tool[Any, Any] | Callable[..., Any]] = (),
+        agents: Mapping[str, Agent] | None = None,
+        config: RunConfig | None = None,
+        clock: Clock | None = None,
+        max_workers: int = 256,
+        prestart_workers: int = 0,
+        max_abandoned: int = 64,
+        dispatcher_threads: int = 1,
+        hook_timeout: float = 5.0,
+        thread_stack_size: int | None = None,
+        passivate: bool = True,
+        hook_workers: int = 8,
+    ) -> None:
+        if thread_stack_size is not None:
+            threading.stack_size(thread_stack_size)
+        self.clock: Clock = clock or SystemClock()
+        self.store: CheckpointStore = store if store is not None else MemoryStore()
+        self.tools: dict[str, Tool[Any, Any]] = {}
+        for t in tools:
+            wrapped = _as_tool(t)
+            self.tools[wrapped.spec.name] = wrapped
+        self.agents: dict[str, Agent] = dict(agents or {})
+        self.config = config or RunConfig()
+        self._hooks: dict[HookName, list[Hook]] = {}
+        self._capabilities: dict[tuple[str, str, tuple[int, ...]], CapabilitySnapshot] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        dispatcher = Dispatcher(threads=dispatcher_threads, name="steerable-dispatch")
+        timer = TimerService(self.clock, name="steerable-timer")
+        pool = WorkerPool(
+            max_workers=max_workers,
+            prestart=prestart_workers,
+            max_abandoned=max_abandoned,
+            name="ToolWorker",
+        )
+        hook_pool = WorkerPool(
+            max_workers=hook_workers, max_abandoned=max_abandoned, name="steerable-hooks"
+        )
+        self.services = Services(
+            clock=self.clock,
+            dispatcher=dispatcher,
+            timer=timer,
+            pool=pool,
+            hook_pool=hook_pool,
+            aloop=AsyncRunner(name="steerable-asyncio"),
+            store=self.store,
+            hook_timeout=hook_timeout,
+            run_ended=self._run_ended,
+            park=self._park,
+            start_child=self._start_child,
+            cancel_child=self._cancel_child,
+            agents=frozenset(self.agents),
+        )
+        self.directory = RunDirectory(self.services, passivate=passivate)
+        dispatcher.start()
+        timer.start()
+        pool.start()
+
+    # ------------------------------------------------------------------ configuration
+
+    def on(self, hook: HookName | str, callback: Hook) -> Callable[[], None]:
+        """Register a lifecycle hook for runs started from now on; returns an unregister.
+
+        `callback(event)` runs on the hook worker (never on a supervisor), with the `RunEvent`
+        of its moment; if it raises, the run records `hook_error` and goes on (R13).
+        """
+        name = HookName(hook)
+        with self._lock:
+            self._hooks.setdefault(name, []).append(callback)
+
+        def unregister() -> None:
+            with self._lock:
+                callbacks = self._hooks.get(name, [])
+                if callback in callbacks:
+                    callbacks.remove(callback)
+
+        return unregister
+
+    # ------------------------------------------------------------------ runs
+
+    def start(
+        self,
+        task: str,
+        *,
+        agent: Agent,
+        config: RunConfig | None = None,
+        session_id: str | None = None,
+        task_id: str | None = None,
+        accept: Accept | None = None,
+        hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None = None,
+        compatibility: Compatibility | None = None,
+        tools: Iterable[Tool[Any, Any] | Callable[..., Any]] | None = None,
+    ) -> RunHandle:
+        """Start a run of `agent` on `task`; returns at once with its handle.
+
+        Args:
+            task: The task text the agent sees.
+            agent: The deciding object (`decide(view)`, plain or async).
+            config: Limits and policies (default: the runtime's).
+            session_id: The host's session id (R3), recorded on the run.
+            task_id: The host's task id (R3); a new attempt at a task is a new run.
+            accept: The delivery check of R9: `accept(output, view)` returns None to accept a
+                Finish, or a string saying what is missing. None accepts every Finish.
+            hooks: Per-run hooks by name, added to the runtime's.
+            compatibility: Fingerprints compared on resume (R22).
+            tools: Tools for this run only, added to (or replacing by name) the runtime's.
+
+        Raises:
+            SteerableError: code `run_ended` if the runtime is shut down.
+        """
+        run_id = new_run_id()
+        trace_id = new_trace_id()
+        entry = self._entry(
+            RunCell(run_id, trace_id, None, EventLog(trace_id)),
+            agent,
+            config or self.config,
+            accept,
+            hooks,
+            compatibility,
+            tools,
+        )
+        created = self.clock.wall()
+
+        def factory(sup: RunSupervisor) -> RunMachine:
+            return RunMachine(
+                sup,
+                run_id=run_id,
+                trace_id=trace_id,
+                task=task,
+                agent=entry.agent_name,
+                config=entry.config,
+                tools=entry.tools,
+                capabilities=entry.capabilities,
+                compatibility=compatibility,
+                session_id=session_id,
+                task_id=task_id,
+                created_at=created,
+                subagents=self.agents.keys(),
+            )
+
+        self.directory.launch(entry, factory, Begin())
+        return RunHandle(self, entry.cell)
+
+    def resume(
+        self,
+        run_id: str,
+        *,
+        agent: Agent,
+        accept: Accept | None = None,
+        hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None = None,
+        compatibility: Compatibility | None = None,
+        tools: Iterable[Tool[Any, Any] | Callable[..., Any]] | None = None,
+        override: bool = False,
+    ) -> RunHandle:
+        """Continue a stored run (e.g. in a new process): same run id, revision + 1 (R3, R21).
+
+        Before resuming, the checkpoint's capability snapshot (tools with their schemas and
+        side effects, agents) and the host's fingerprints are compared with this runtime's
+        (R22). Calls without a recorded result are re-dispatched with their original
+        idempotency key when that is safe; other writes give the agent `side_effect_unknown`.
+        A run that is already terminal gets a handle whose `result()` is its outcome.
+
+        Args:
+            run_id: The run to resume.
+            agent: The agent that continues it.
+            accept: The delivery check (R9).
+            hooks: Per-run hooks, added to the runtime's.
+            compatibility: The host's fingerprints now; compared with the checkpoint's.
+            tools: Extra tools for this run.
+            override: Resume even if the comparison finds differences (they are logged).
+
+        Raises:
+            SteerableError: `not_found`, `checkpoint_corrupt`, `checkpoint_incompatible` (a
+                newer format, or different host fingerprints), `capability_mismatch`.
+        """
+        live = self.directory.get(run_id)
+        if live is not None:
+            return RunHandle(self, live.cell)
+        stored = self.store.load(run_id)
+        snap = stored.snapshot
+        cell = RunCell(
+            run_id,
+            snap.trace_id,
+            snap.parent_run_id,
+            EventLog(snap.trace_id),
+            next_seq=max([snap.last_seq, *(m.seq for m in stored.messages)]) + 1,
+        )
+        cell.revision = snap.revision
+        cell.stored.set()  # the store holds it already
+        entry = self._entry(cell, agent, snap.config, accept, hooks, compatibility, tools)
+        check_compatible(snap, entry, compatibility, override)
+        if snap.state.is_terminal:
+            cell.settle(
+                RunOutcome(
+                    run_id=run_id,
+                    state=snap.state,
+                    output=snap.output,
+                    errors=snap.errors,
+                    metrics=snap.metrics,
+                    revision=snap.revision,
+                )
+            )
+            return RunHandle(self, cell)
+        cell.state = snap.state
+        self.directory.launch(
+            entry,
+            self.directory.restored_machine(entry, stored),
+            Begin(resume=True, messages=tuple(stored.messages)),
+        )
+        return RunHandle(self, cell)
+
+    def fork(
+        self,
+        run_id: str,
+        revision: int | None = None,
+        *,
+        agent: Agent,
+        config: RunConfig | None = None,
+        accept: Accept | None = None,
+        hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None = None,
+        tools: Iterable[Tool[Any, Any] | Callable[..., Any]] | None = None,
+    ) -> RunHandle:
+        """Start a new run from a revision of another (time travel, R23).
+
+        The fork has a new run id, records `forked_from`, keeps the origin's transcript and
+        counters, and gives calls without a result new idempotency keys: re-executing a side
+        effect is an explicit new write. Approvals are not carried over.
+
+        Raises:
+            SteerableError: `not_found` for an unknown run or revision.
+        """
+        stored = self.store.load(run_id, revision)
+        snap = stored.snapshot
+        new_id = new_run_id()
+        trace_id = new_trace_id()
+        entry = self._entry(
+            RunCell(new_id, trace_id, None, EventLog(trace_id)),
+            agent,
+            config or snap.config,
+            accept,
+            hooks,
+            None,
+            tools,
+        )
+        origin = ForkOrigin(run_id=run_id, revision=snap.revision)
+        self.directory.launch(
+            entry,
+            self.directory.restored_machine(
+                entry, stored, fork=origin, run_id=new_id, config=entry.config
+            ),
+            Begin(resume=True),
+        )
+        return RunHandle(self, entry.cell)
+
+    def replay(self, run_id: str, revision: int | None = None) -> Replay:
+        """A run's transcript and events up to `revision` (default: the latest), read-only.
+
+        Nothing is executed: no agent, tool or hook is called (R23).
+        """
+        return replay_of(self.store.load(run_id, revision))
+
+    def revisions(self, run_id: str) -> list[RevisionInfo]:
+        """Every stored revision of a run, oldest first."""
+        return self.store.revisions(run_id)
+
+    def unfinished(self) -> list[str]:
+        """Ids of stored runs that are not terminal and not live here (candidates to resume)."""
+        return [
+            r.run_id
+            for r in self.store.runs()
+            if not r.state.is_terminal and self.directory.get(r.run_id) is None
+        ]
+
+    def tree(self, run_id: str) -> RunTree:
+        """A run and its subagents, recursively, each with its current state.
+
+        Built from the store (every run checkpoints at its boundaries) and the live runs here.
+
+        Raises:
+            SteerableError: `not_found` if neither knows the run.
+        """
+        return build_tree(self, run_id)
+
+    def handle(self, run_id: str) -> RunHandle:
+        """A handle on a live run (active or passivated).
+
+        Raises:
+            SteerableError: code `not_found` if no live run has this id.
+        """
+        entry = self.directory.get(run_id)
+        if entry is None:
+            raise SteerableError(
+                AgentError.of(ErrorCode.NOT_FOUND, f"no live run {run_id!r}", run_id=run_id)
+            )
+        return RunHandle(self, entry.cell)
+
+    def statistics(self) -> dict[str, int]:
+        """Runtime-level metrics (R28): runs, threads, workers, timers, queue depths."""
+        pool = self.services.pool.statistics()
+        dispatcher = self.services.dispatcher.statistics()
+        active, passivated = self.directory.counts()
+        return {
+            "runs_active": active,
+            "runs_passivated": passivated,
+            "runs_started": self.directory.started,
+            "runs_ended": self.directory.ended,
+            "runs_woken": self.directory.wakes,
+            "threads_total": threading.active_count(),
+            "workers_live": pool["workers_live"],
+            "workers_busy": pool["workers_busy"],
+            "workers_abandoned": pool["workers_abandoned"],
+            "abandoned_total": pool["abandoned_total"],
+            "jobs_queued": pool["jobs_queued"],
+            "dispatcher_queue_depth": dispatcher["ready_queue_depth"],
+            "inbox_depth_total": dispatcher["inbox_depth_total"],
+            "inbox_depth_max": dispatcher["inbox_depth_max"],
+            "actors_live": dispatcher["actors_live"],
+            "timers_pending": self.services.timer.statistics()["timers_pending"],
+        }
+
+    # ------------------------------------------------------------------ shutdown
+
+    def shutdown(self, timeout: float = 5.0, *, cancel_runs: bool = True) -> list[str]:
+        """Stop every run and every thread this runtime started.
+
+        Args:
+            timeout: Seconds to wait in all (live runs to end, workers to finish).
+            cancel_runs: Cancel live runs (they end CANCELLED). If False, live runs are
+                stopped where they stand (resumable from their last checkpoint with a durable
+                store) and their handles' `result()` raises `SteerableError` (`run_ended`).
+
+        Returns:
+            The names of threads still alive because their tool never returned (abandoned
+            workers, daemon threads); everything else is gone.
+        """
+        with self._lock:
+            if self._closed:
+                return []
+            self._closed = True
+        deadline = self.clock.now() + timeout
+        live = self.directory.entries()
+        if cancel_runs:
+            for entry in live:
+                RunHandle(self, entry.cell).cancel("runtime shutdown")
+            for entry in live:
+                try:
+                    entry.cell.future.result(max(0.0, deadline - self.clock.now()))
+                except TimeoutError:
+                    _log.warning("run_not_settled_at_shutdown", run_id=entry.cell.run_id)
+        for entry in self.directory.close():
+            if not entry.cell.future.done():
+                entry.cell.future.set_exception(_shut_down())
+                entry.cell.events.close()
+            ref = entry.ref
+            if ref is not None:
+                with contextlib.suppress(pykka.ActorDeadError):
+                    ref.stop(block=False)
+        services = self.services
+        services.dispatcher.stop(timeout=max(0.1, deadline - self.clock.now()))
+        services.timer.stop(timeout=max(0.1, deadline - self.clock.now()))
+        left = services.pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
+        left += services.hook_pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
+        left += services.aloop.shutdown(timeout=max(0.1, deadline - self.clock.now()))
+        self.store.close()
+        if left:
+            _log.warning("threads_abandoned_at_shutdown", threads=left)
+        return left
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------ internals
+
+    def _entry(
+        self,
+        cell: RunCell,
+        agent: Agent,
+        config: RunConfig,
+        accept: Accept | None,
+        hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None,
+        compatibility: Compatibility | None,
+        tools: Iterable[Tool[Any, Any] | Callable[..., Any]] | None,
+    ) -> RunEntry:
+        if not callable(getattr(agent, "decide", None)):
+            raise TypeError(f"agent {agent!r} has no decide(view) method")
+        if self._closed:
+            raise _shut_down()
+        run_tools = dict(self.tools)
+        for t in tools or ():
+            wrapped = _as_tool(t)
+            run_tools[wrapped.spec.name] = wrapped
+        name = agent_name(agent)
+        version = str(getattr(agent, "version", "1"))
+        # Built once per (agent, tool set): hashing every tool's schema on each start() was a
+        # large part of starting a run (W5, W8).
+        cache_key = (name, version, tuple(id(t) for t in run_tools.values()))
+        capabilities = self._capabilities.get(cache_key)
+        if capabilities is None:
+            capabilities = CapabilitySnapshot.of(
+                [t.spec for t in run_tools.values()],
+                [AgentSpec(name=name, version=version)]
+                + [
+                    AgentSpec(name=n, version=str(getattr(a, "version", "1")))
+                    for n, a in self.agents.items()
+                    if n != name
+                ],
+            )
+            if len(self._capabilities) < _CAPABILITY_CACHE:
+                self._capabilities[cache_key] = capabilities
+        return RunEntry(
+            cell=cell,
+            config=config,
+            agent=agent,
+            agent_name=name,
+            accept=accept,
+            tools=run_tools,
+            hooks=self._merge_hooks(hooks),
+            capabilities=capabilities,
+            compatibility=compatibility,
+        )
+
+    def _merge_hooks(
+        self, hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None
+    ) -> dict[HookName, list[Hook]]:
+        with self._lock:
+            merged = {name: list(cbs) for name, cbs in self._hooks.items() if cbs}
+        for name, cbs in (hooks or {}).items():
+            callbacks = [cbs] if callable(cbs) else list(cbs)
+            merged.setdefault(HookName(name), []).extend(callbacks)
+        return merged
+
+    def _steering(self, handle: RunHandle) -> SteeringMode:
+        entry = self.directory.get(handle.run_id)
+        return entry.config.steering if entry is not None else SteeringMode.QUEUE
+
+    def _cancel_now(self, cell: RunCell, reason: str) -> None:
+        entry = self.directory.get(cell.run_id)
+        ref = None if entry is None else entry.ref
+        if ref is not None:  # a passivated run is woken by the stored CancelRequest
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(CancelNow(reason))
+
+    def _post(self, cell: RunCell, build: Callable[[int], HostMessage]) -> HostMessage:
+        return self.directory.post(cell, build)
+
+    def _run_ended(self, run_id: str) -> None:
+        self.directory.ended_run(run_id)
+
+    def _park(self, sup: RunSupervisor) -> None:
+        self.directory.park(sup)
+
+    def _cancel_child(self, run_id: str, reason: str) -> None:
+        entry = self.directory.get(run_id)
+        if entry is not None:
+            RunHandle(self, entry.cell).cancel(reason)
+
+    def _start_child(self, parent: RunSupervisor, job: ChildJob) -> None:
+        start_child(self, parent, job)
+
+
+def _shut_down() -> SteerableError:
+    return SteerableError(AgentError.of(ErrorCode.RUN_ENDED, "the runtime is shut down"))

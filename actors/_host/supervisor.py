@@ -1,0 +1,550 @@
+"""`RunSupervisor`: the actor that owns one run. A thin shell around the pure `RunMachine`.
+
+It never blocks and never runs user code (docs/pykka.md T2): `decide`, tools and hooks run on
+worker threads or the runtime's event loop and report back with `tell`; timers are messages
+from the runtime's timer thread. Supervisors own no thread: they are multiplexed on the
+runtime's dispatcher (docs/pykka.md, last section), which makes "never block" load-bearing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pykka
+
+from steerable.actors._engine.base import SteerableActor
+from steerable.actors._engine.cancel import CancelScope
+from steerable.actors._engine.log import get_logger
+from steerable.actors._engine.mux import MuxActor
+from steerable.actors._machine.effects import CallJob, ChildJob, TimerKind
+from steerable.actors._machine.machine import MODEL_KEY, RunMachine
+from steerable.actors._tools.tool import Tool, ToolContext
+from steerable.protocol import (
+    HOOK_EVENTS,
+    AgentError,
+    ApprovalRequest,
+    ErrorCode,
+    EventKind,
+    HookName,
+    HostMessage,
+    Phase,
+    RunEvent,
+    RunOutcome,
+    RunView,
+    SideEffect,
+    SubagentResult,
+    ToolResult,
+    TranscriptEntry,
+)
+
+from .jobs import Accept, Decided, DecideJob, HookDone, HookJob, ToolDone, ToolJob
+
+if TYPE_CHECKING:
+    from .cell import RunCell
+    from .runtime import Services
+
+__all__ = ["Begin", "ChildDone", "HostMsg", "RunSupervisor", "TimerFired"]
+
+_log = get_logger("steerable.supervisor")
+
+
+@dataclass(slots=True)
+class Begin:
+    """Message: start the run, or resume a restored one with the messages stored since."""
+
+    resume: bool = False
+    messages: tuple[HostMessage, ...] = ()
+    wake: bool = False
+
+
+@dataclass(slots=True)
+class HostMsg:
+    """Message: a host message was accepted (and stored) for this run."""
+
+    message: HostMessage
+
+
+@dataclass(slots=True)
+class TimerFired:
+    """Message: a timer of this run fired."""
+
+    kind: TimerKind
+    key: str
+    attempt: int
+
+
+@dataclass(slots=True)
+class Stored:
+    """Message: the store holds revision `revision` of this run (committed)."""
+
+    revision: int
+
+
+@dataclass(slots=True)
+class CancelNow:
+    """Message: the host is cancelling the run (ahead of its stored CancelRequest)."""
+
+    reason: str
+
+
+@dataclass(slots=True)
+class ChildDone:
+    """Message: the child run of subagent call `call_id` reached its terminal state."""
+
+    call_id: str
+    outcome: RunOutcome
+
+
+@dataclass(slots=True)
+class _Work:
+    job: DecideJob | ToolJob
+    scope: CancelScope
+    attempt: int
+    handle: Any = None  # AsyncHandle for async work
+
+
+class RunSupervisor(SteerableActor, MuxActor):
+    """Owns one run: its machine, its in-flight work, its timers and its hooks.
+
+    Created by the `Runtime`; hosts talk to it only through a `RunHandle`.
+    """
+
+    def __init__(
+        self,
+        *,
+        services: Services,
+        cell: RunCell,
+        machine_factory: Callable[[RunSupervisor], RunMachine],
+        agent: Any,
+        accept: Accept | None,
+        tools: Mapping[str, Tool[Any, Any]],
+        hooks: Mapping[HookName, Sequence[Callable[[RunEvent], object]]],
+    ) -> None:
+        super().__init__(dispatcher=services.dispatcher)
+        self.services = services
+        self.cell = cell
+        self.agent = agent
+        self.accept = accept
+        self.tools = tools
+        self.hooks = hooks
+        self._async_decide = inspect.iscoroutinefunction(getattr(agent, "decide", None))
+        self._work: dict[str, _Work] = {}
+        self._children: dict[str, str] = {}  # call id -> child run id, while it runs
+        # The latest revision the store holds: a restored run came from it.
+        self._stored = cell.revision
+        self._held: list[tuple[int, CallJob]] = []  # writes waiting for their checkpoint
+        self._timers: dict[tuple[TimerKind, str], Any] = {}
+        self._hooks_pending = 0
+        self._wall = services.clock.wall()
+        self._hook_jobs: list[HookJob] = []
+        self._outcome: RunOutcome | None = None
+
+        self.machine = machine_factory(self)
+
+    @property
+    def _log(self) -> Any:
+        # Bound on use: binding a structlog logger costs tens of microseconds, and most runs
+        # never log (T12: the run's ids travel with every line it does log).
+        return _log.bind(run_id=self.cell.run_id, trace_id=self.cell.trace_id)
+
+    # ------------------------------------------------------------------ inbox
+
+    def handle(self, message: object) -> object:
+        """Apply one message to the machine, then publish the state the host reads."""
+        clock = self.services.clock
+        now = clock.now()
+        # One wall-clock reading per message: every event of one step carries the same time.
+        self._wall = clock.wall()
+        handler = _HANDLERS.get(type(message))
+        if handler is not None:
+            handler(self, message, now)
+        machine = self.machine
+        self.cell.state = machine.state
+        if machine.parked and not self._hooks_pending and not self._work:
+            self.services.park(self)
+        return None
+
+    def _on_tool_done(self, message: ToolDone, now: float) -> None:
+        work = self._work.get(message.call_id)
+        if work is not None and work.attempt == message.attempt:
+            del self._work[message.call_id]
+            work.scope.detach()
+        self.machine.tool_done(message.call_id, message.attempt, message.value, message.error, now)
+
+    def _on_decided(self, message: Decided, now: float) -> None:
+        work = self._work.pop(MODEL_KEY, None)
+        if work is not None:
+            work.scope.detach()
+        if message.accept_error is not None:
+            self.machine.record_error(message.accept_error)
+        self.machine.decided(
+            message.model_call,
+            message.decision,
+            message.verdict,
+            message.error,
+            message.elapsed,
+            now,
+        )
+
+    def _on_timer(self, message: TimerFired, now: float) -> None:
+        self._timers.pop((message.kind, message.key), None)
+        if message.kind is TimerKind.GRACE and message.key == "hooks":
+            self._hooks_timed_out()
+        else:
+            self.machine.timer(message.kind, message.key, message.attempt, now)
+
+    def _on_host(self, message: HostMsg, now: float) -> None:
+        self.machine.host(message.message, now)
+
+    def _on_cancel_now(self, message: CancelNow, now: float) -> None:
+        self.machine.cancel_now(message.reason, now)
+
+    def _on_child_done(self, message: ChildDone, now: float) -> None:
+        if self._children.pop(message.call_id, None) is not None:
+            self.machine.child_done(message.call_id, message.outcome, now)
+
+    def _on_hook_done(self, message: HookDone, now: float) -> None:
+        self._hook_done(message.errors)
+
+    def _on_begin(self, message: Begin, now: float) -> None:
+        if message.resume:
+            self.machine.resume(now, message.messages, wake=message.wake)
+        else:
+            self.machine.start(now)
+
+    def on_handler_error(self, message: object, exc: BaseException) -> None:
+        """A defect in steerable itself: record it and end the run in ERROR (R6)."""
+        self._log.error("supervisor_defect", message=type(message).__name__, exc_info=exc)
+        error = AgentError.of(
+            ErrorCode.INTERNAL_ERROR,
+            f"steerable defect while handling {type(message).__name__}: "
+            f"{type(exc).__name__}: {exc}",
+        )
+        try:
+            if not self.machine.is_terminal:
+                self.machine.abort(error)
+            self.cell.state = self.machine.state
+        except BaseException as again:  # noqa: BLE001 - last resort: settle the host's future
+            self._log.error("supervisor_abort_failed", exc_info=again)
+            self.cell.fail(error)
+
+    def stopping(self) -> None:
+        """On stop: cancel timers; in-flight work of a live run is abandoned."""
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        for key in list(self._work):
+            self.abandon_work(key)
+
+    # ------------------------------------------------------------------ Effects port
+
+    def decide(self, model_call: int, view: RunView, deadline: float) -> None:
+        """Run the agent's decide on a worker (or the event loop for `async def decide`)."""
+        job = DecideJob(
+            self.agent, view, self.accept, self.actor_ref, model_call, self.services.clock
+        )
+        work = _Work(job, self.cell.scope.child(deadline), model_call)
+        self._work[MODEL_KEY] = work
+        if self._async_decide:
+            started = self.services.clock.now()
+            work.handle = self.services.aloop.submit(
+                job.coroutine, lambda value, exc: job.report(started, value, exc)
+            )
+        elif not self.services.pool.submit(job):
+            job.report(self.services.clock.now(), None, RuntimeError("the runtime is shut down"))
+
+    def dispatch(self, job: CallJob) -> None:
+        """Run one tool call attempt on a worker, or on the event loop for `async def` tools.
+
+        Write-ahead (R4, R21): a call with side effects starts only once the checkpoint that
+        holds its idempotency key is stored, so a crash can never leave a write whose key no
+        checkpoint knows. Side-effect-free calls start at once.
+        """
+        tool = self.tools[job.tool]
+        if tool.spec.side_effect is not SideEffect.NONE and self._stored < self.cell.revision:
+            self._held.append((self.cell.revision, job))
+            return
+        self._start_call(tool, job)
+
+    def _on_stored(self, message: Stored, now: float) -> None:
+        self._stored = max(self._stored, message.revision)
+        held, self._held = self._held, []
+        for revision, job in held:
+            if revision <= self._stored:
+                self._start_call(self.tools[job.tool], job)
+            else:
+                self._held.append((revision, job))
+
+    def _release_held(self, key: str, error: AgentError | None) -> bool:
+        """Drop a call still waiting for its checkpoint; report `error` for it if given."""
+        for index, (_, job) in enumerate(self._held):
+            if job.call_id == key:
+                del self._held[index]
+                if error is not None:
+                    self.actor_ref.tell(ToolDone(job.call_id, job.attempt, None, error))
+                return True
+        return False
+
+    def _start_call(self, tool: Tool[Any, Any], job: CallJob) -> None:
+        services = self.services
+        scope = self.cell.scope.child(job.deadline)
+        ctx = ToolContext(
+            run_id=self.cell.run_id,
+            trace_id=self.cell.trace_id,
+            call_id=job.call_id,
+            tool=job.tool,
+            idempotency_key=job.idempotency_key,
+            attempt=job.attempt,
+            deadline=job.deadline,
+            scope=scope,
+            now=services.clock.now,
+        )
+        tool_job = ToolJob(tool, job.arguments, ctx, self.actor_ref)
+        work = _Work(tool_job, scope, job.attempt)
+        self._work[job.call_id] = work
+        if tool.is_async:
+            work.handle = services.aloop.submit(tool_job.coroutine, tool_job.report)
+        elif services.pool.is_saturated_by_abandoned():
+            abandoned = services.pool.statistics()["workers_abandoned"]
+            self.actor_ref.tell(
+                ToolDone(
+                    job.call_id,
+                    job.attempt,
+                    None,
+                    AgentError.of(
+                        ErrorCode.RESOURCE_EXHAUSTED,
+                        f"too many abandoned tool threads ({abandoned}); refusing new calls",
+                        abandoned=abandoned,
+                        tool=job.tool,
+                        call_id=job.call_id,
+                    ),
+                )
+            )
+        elif not services.pool.submit(tool_job):
+            tool_job.report(None, RuntimeError("the runtime is shut down"))
+
+    def start_child(self, job: ChildJob) -> None:
+        """Start (or resume) the child run of a subagent call (R3: its own run id)."""
+        self._children[job.call_id] = job.run_id
+        self.services.start_child(self, job)
+
+    def cancel_work(self, key: str, reason: str) -> None:
+        """Signal a call's (or the model call's) cancel scope; async work is cancelled too.
+
+        A child run is cancelled through its own inbox, so it records CANCELLED in order.
+        """
+        child = self._children.get(key)
+        if child is not None:
+            self.services.cancel_child(child, reason)
+            return
+        work = self._work.get(key)
+        if work is not None:
+            work.scope.cancel(reason)
+        elif self._held:
+            self._release_held(
+                key,
+                AgentError.of(
+                    ErrorCode.CANCELLED,
+                    f"{key} was cancelled ({reason}) before it started",
+                    call_id=key,
+                    reason=reason,
+                ),
+            )
+
+    def abandon_work(self, key: str) -> None:
+        """Stop waiting for work that did not stop; its worker is never reused (T3)."""
+        child = self._children.pop(key, None)
+        if child is not None:
+            self.services.cancel_child(child, "abandoned by its parent")
+            return
+        work = self._work.pop(key, None)
+        if work is None:
+            self._release_held(key, None)
+            return
+        work.scope.cancel("abandoned")
+        work.scope.detach()
+        if work.handle is not None:
+            work.handle.cancel()
+        else:
+            self.services.pool.abandon(work.job)
+
+    def schedule(self, kind: TimerKind, key: str, attempt: int, at: float) -> None:
+        """Fire `TimerFired(kind, key, attempt)` into this actor's inbox at `at`."""
+        old = self._timers.pop((kind, key), None)
+        if old is not None:
+            old.cancel()
+        ref = self.actor_ref
+        message = TimerFired(kind, key, attempt)
+
+        def fire() -> None:
+            with contextlib.suppress(pykka.ActorDeadError):  # the run ended first
+                ref.tell(message)
+
+        self._timers[(kind, key)] = self.services.timer.schedule_at(at, fire)
+
+    def unschedule(self, kind: TimerKind, key: str) -> None:
+        """Cancel a pending timer."""
+        handle = self._timers.pop((kind, key), None)
+        if handle is not None:
+            handle.cancel()
+
+    def emit(self, kind: EventKind, phase: Phase | None, data: dict[str, Any]) -> None:
+        """Append to the event stream; fire the hooks of this moment on the hook worker."""
+        cell = self.cell
+        if kind is EventKind.APPROVAL_REQUESTED:
+            cell.approval_requested(
+                ApprovalRequest(
+                    call_id=data["call_id"],
+                    tool=data["tool"],
+                    arguments=data["arguments"],
+                    run_id=cell.run_id,
+                )
+            )
+        elif kind is EventKind.APPROVAL_SETTLED:
+            cell.approval_settled(data["call_id"])
+        at = self._wall
+        seq = cell.events.append(cell.run_id, kind, phase, at, data, cell.parent_run_id)
+        hook = HOOK_EVENTS.get(kind) if self.hooks else None
+        if hook is not None:
+            callbacks = self.hooks.get(hook)
+            if callbacks:
+                event = RunEvent(
+                    run_id=cell.run_id,
+                    trace_id=cell.trace_id,
+                    seq=seq,
+                    kind=kind,
+                    phase=phase,
+                    at=at,
+                    data=data,
+                    parent_run_id=cell.parent_run_id,
+                )
+                job = HookJob(callbacks, event, self.actor_ref)
+                # One hook job of this run at a time: its hooks stay in order while other
+                # runs' hooks use other hook workers (a hung hook costs only its own run).
+                self._hook_jobs.append(job)
+                self._hooks_pending += 1
+                if len(self._hook_jobs) == 1:
+                    self._submit_hook()
+
+    def journal(self, result: ToolResult | SubagentResult) -> None:
+        """Store a result as it arrives (the durable inbox of tool results).
+
+        Every store keeps it: a passivated run's finished calls live only here until the
+        plan completes.
+        """
+        self.services.store.journal(self.cell.run_id, result)
+
+    def checkpoint(
+        self,
+        revision: int,
+        snapshot: dict[str, Any],
+        entries_from: int,
+        entries: list[TranscriptEntry],
+    ) -> None:
+        """Write one revision (a durable store encodes and writes on its own thread)."""
+        snapshot["updated_at"] = self._wall
+        store = self.services.store
+        on_stored = None
+        if store.durable:
+            ref = self.actor_ref
+            stored_event = self.cell.stored
+
+            def on_stored() -> None:
+                stored_event.set()
+                with contextlib.suppress(pykka.ActorDeadError):
+                    ref.tell(Stored(revision))
+        else:
+            self._stored = revision  # an in-process store has it once the call returns
+            self.cell.stored.set()
+        store.write_checkpoint(
+            self.cell.run_id, revision, snapshot, entries_from, entries, on_stored
+        )
+        cell = self.cell
+        cell.revision = revision
+        cell.events.append(
+            cell.run_id,
+            EventKind.CHECKPOINT,
+            None,
+            snapshot["updated_at"],
+            {"revision": revision},
+            cell.parent_run_id,
+        )
+
+    def settled(self, outcome: RunOutcome) -> None:
+        """Terminal: publish the outcome once pending hooks (on_finish among them) ran."""
+        self._outcome = outcome
+        self.cell.state = outcome.state
+        self.cell.close_approvals()
+        if self._hooks_pending:
+            at = self.services.clock.now() + self.services.hook_timeout
+            self.schedule(TimerKind.GRACE, "hooks", 0, at)
+        else:
+            self._publish()
+
+    # ------------------------------------------------------------------ hooks and ending
+
+    def _submit_hook(self) -> None:
+        while self._hook_jobs and not self.services.hook_pool.submit(self._hook_jobs[0]):
+            self._hook_jobs.pop(0)  # the runtime is shutting down: the hook cannot run
+            self._hooks_pending -= 1
+
+    def _hook_done(self, errors: list[AgentError]) -> None:
+        self._hooks_pending -= 1
+        if self._hook_jobs:
+            self._hook_jobs.pop(0)
+            self._submit_hook()
+        for error in errors:
+            self._log.warning("hook_error", error=error.message)
+            if self._outcome is None:
+                self.machine.record_error(error)
+            else:
+                self._outcome = self._outcome.model_copy(
+                    update={"errors": (*self._outcome.errors, error)}
+                )
+        if self._outcome is not None and self._hooks_pending <= 0:
+            self.unschedule(TimerKind.GRACE, "hooks")
+            self._publish()
+
+    def _hooks_timed_out(self) -> None:
+        if self._outcome is None:
+            return
+        if self._hook_jobs:
+            # Only the first is on a worker; the rest never started and are dropped.
+            self.services.hook_pool.abandon(self._hook_jobs[0])
+        error = AgentError.of(
+            ErrorCode.HOOK_ERROR,
+            f"hooks did not finish within {self.services.hook_timeout}s; abandoned",
+            pending=self._hooks_pending,
+        )
+        self._outcome = self._outcome.model_copy(update={"errors": (*self._outcome.errors, error)})
+        self._hooks_pending = 0
+        self._hook_jobs.clear()
+        self._publish()
+
+    def _publish(self) -> None:
+        outcome = self._outcome
+        if outcome is None:
+            return
+        self._outcome = None
+        # Leave the directory first: once result() returns, the run is no longer live.
+        self.services.run_ended(self.cell.run_id)
+        self.cell.settle(outcome)
+        self.actor_ref.stop(block=False)  # queued: handled after this message
+
+
+_HANDLERS: dict[type, Callable[[RunSupervisor, Any, float], None]] = {
+    ToolDone: RunSupervisor._on_tool_done,
+    Decided: RunSupervisor._on_decided,
+    TimerFired: RunSupervisor._on_timer,
+    HostMsg: RunSupervisor._on_host,
+    ChildDone: RunSupervisor._on_child_done,
+    CancelNow: RunSupervisor._on_cancel_now,
+    Stored: RunSupervisor._on_stored,
+    HookDone: RunSupervisor._on_hook_done,
+    Begin: RunSupervisor._on_begin,
+}
+"""One handler per message type: a dict lookup, not a chain of isinstance checks."""

@@ -1,0 +1,1 @@
+"""Checkpoint stores (in memory, SQLite) and the read-only replay of a stored run."""

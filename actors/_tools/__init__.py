@@ -1,0 +1,1 @@
+"""Tools: the `@tool` decorator, argument validation, the per-call context, result conversion."""

@@ -1,0 +1,144 @@
+"""`ToolContext`: what one tool call gets from the runtime (cancel signal, deadline, key, ids)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, cast
+
+from steerable.actors._engine.cancel import CancelScope
+from steerable.actors._engine.log import Logger, get_logger
+
+__all__ = ["ToolContext"]
+
+
+class ToolContext:
+    """What a running tool may know about its call; one per call attempt, immutable.
+
+    A tool receives it by declaring a parameter annotated `ToolContext` (any name).
+
+    Args:
+        run_id: The run the call belongs to.
+        trace_id: The trace shared by the run and its subruns.
+        call_id: The call's id, stable across attempts and re-dispatch.
+        tool: The tool's name.
+        idempotency_key: Stable per call, reused if the call is re-dispatched after a crash
+            (R4); a tool that writes should deduplicate by it.
+        attempt: 1 for the first try, 2 for the first retry, and so on.
+        deadline: Monotonic deadline in seconds on the runtime's clock, or None.
+        scope: The call's cancel scope.
+        now: The runtime's monotonic clock reading (`Clock.now`), used by `remaining()`.
+    """
+
+    __slots__ = (
+        "_log",
+        "_now",
+        "attempt",
+        "call_id",
+        "deadline",
+        "idempotency_key",
+        "run_id",
+        "scope",
+        "tool",
+        "trace_id",
+    )
+
+    run_id: str
+    trace_id: str
+    call_id: str
+    tool: str
+    idempotency_key: str
+    attempt: int
+    deadline: float | None
+    scope: CancelScope
+    _now: Callable[[], float]
+    _log: Any
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        trace_id: str,
+        call_id: str,
+        tool: str,
+        idempotency_key: str,
+        attempt: int,
+        deadline: float | None,
+        scope: CancelScope,
+        now: Callable[[], float],
+    ) -> None:
+        if attempt < 1:
+            raise ValueError(f"attempt counts from 1, got {attempt}")
+        init = object.__setattr__  # the class refuses assignment once built
+        init(self, "run_id", run_id)
+        init(self, "trace_id", trace_id)
+        init(self, "call_id", call_id)
+        init(self, "tool", tool)
+        init(self, "idempotency_key", idempotency_key)
+        init(self, "attempt", attempt)
+        init(self, "deadline", deadline)
+        init(self, "scope", scope)
+        init(self, "_now", now)
+        init(self, "_log", None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"ToolContext is immutable; cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"ToolContext is immutable; cannot delete {name!r}")
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the call has been cancelled (timeout, host cancel, interrupt, parent run)."""
+        return self.scope.cancelled
+
+    @property
+    def cancel_event(self) -> threading.Event:
+        """The `threading.Event` set on cancellation, for `select`-style waits."""
+        return self.scope.event
+
+    @property
+    def log(self) -> Logger:
+        """A logger bound with run_id, trace_id, call_id and tool (`steerable.tool`)."""
+        # Built on first use: most calls never log, and binding is not free on the hot path.
+        logger = self._log
+        if logger is None:
+            logger = get_logger("steerable.tool").bind(
+                run_id=self.run_id, trace_id=self.trace_id, call_id=self.call_id, tool=self.tool
+            )
+            object.__setattr__(self, "_log", logger)
+        return cast("Logger", logger)
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (never negative), or None without a deadline."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - self._now())
+
+    def wait(self, timeout: float | None) -> bool:
+        """Sleep up to `timeout` seconds, waking at once on cancellation.
+
+        Use it instead of `time.sleep`, so that a cancel stops the tool within microseconds.
+
+        Returns:
+            True if the call was cancelled, False if the time ran out.
+        """
+        return self.scope.wait(timeout)
+
+    def raise_if_cancelled(self) -> None:
+        """Raise `Cancelled` if the call has been cancelled."""
+        self.scope.raise_if_cancelled()
+
+    def on_cancel(self, cb: Callable[[str], None]) -> Callable[[], None]:
+        """Call `cb(reason)` once on cancellation (at once if already); returns unregister.
+
+        Use it to abort blocking I/O: close a socket, kill a subprocess, end a stream. `cb`
+        runs on the cancelling thread, so it must be quick and thread-safe.
+        """
+        return self.scope.on_cancel(cb)
+
+    def __repr__(self) -> str:
+        return (
+            f"<ToolContext tool={self.tool!r} call_id={self.call_id!r} attempt={self.attempt} "
+            f"cancelled={self.cancelled}>"
+        )
