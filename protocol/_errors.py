@@ -53,6 +53,9 @@ class ErrorCode(StrEnum):
     """A run, revision or call id that the runtime does not know."""
     RUN_ENDED = "run_ended"
     """A message was sent to a run that is already terminal (or a runtime that shut down)."""
+    RUN_OWNED = "run_owned"
+    """The run is owned by another live runtime (its lease has not expired); details name the
+    owner and the lease's expiry. A run that lost its lease in this process reports it too."""
     INTERNAL_ERROR = "internal_error"
     """A defect in steerable itself; please report it."""
 
@@ -77,6 +80,7 @@ DEFAULT_RETRYABLE: dict[ErrorCode, bool] = {
     ErrorCode.RESOURCE_EXHAUSTED: True,
     ErrorCode.NOT_FOUND: False,
     ErrorCode.RUN_ENDED: False,
+    ErrorCode.RUN_OWNED: False,
     ErrorCode.INTERNAL_ERROR: False,
 }
 """Whether each code is retryable when the reporter does not say otherwise."""

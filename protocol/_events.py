@@ -66,6 +66,7 @@ class EventKind(StrEnum):
     ERROR = "error"
     SUBAGENT_STARTED = "subagent_started"
     SUBAGENT_FINISHED = "subagent_finished"
+    LEASE_LOST = "lease_lost"
 
 
 HOOK_EVENTS: dict[EventKind, HookName] = {

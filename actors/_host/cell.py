@@ -9,6 +9,7 @@ told under one lock, so messages reach the run in `seq` order (R20).
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import threading
 from collections.abc import Callable
 
@@ -66,6 +67,12 @@ class RunCell:
         """Set once the store holds a revision of this run (durable `start()` waits for it)."""
         self._approvals: dict[str, ApprovalRequest] = {}
         self._approvals_open = True
+        self.epoch = 0
+        """The lease epoch this runtime holds the run at (0: a store without ownership)."""
+        self.lease_deadline = math.inf
+        """Monotonic time until which the lease is surely held; past it no tool starts."""
+        self.lease_wait = False
+        """A tool waits for a lease renewal (set by the supervisor, cleared by the keeper)."""
 
     # --------------------------------------------------------------- host side
 

@@ -311,6 +311,31 @@ class RunDirectory:
 
     # ------------------------------------------------------------------ ending
 
+    def fenced_parked(self, entry: RunEntry) -> None:
+        """A passivated run lost its lease: it leaves this runtime without a write."""
+        from steerable.protocol import EventKind
+
+        from .supervisor import lease_lost_error
+
+        cell = entry.cell
+        with self._lock:
+            if self._runs.get(cell.run_id) is not entry:
+                return
+            del self._runs[cell.run_id]
+        cell.events.append(
+            cell.run_id,
+            EventKind.LEASE_LOST,
+            None,
+            self.services.clock.wall(),
+            {"epoch": cell.epoch},
+            cell.parent_run_id,
+        )
+        cell.close_approvals()
+        if not cell.future.done():
+            cell.future.set_exception(lease_lost_error(cell.run_id, cell.epoch))
+        if cell.owns_events:
+            cell.events.close()
+
     def ended_run(self, run_id: str) -> None:
         """A run reached its terminal state and published its outcome."""
         with self._lock:

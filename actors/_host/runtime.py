@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,13 @@ from steerable.actors._engine.timer import TimerService
 from steerable.actors._machine.effects import ChildJob
 from steerable.actors._machine.machine import RunMachine
 from steerable.actors._stores.replay import Replay, replay_of
-from steerable.actors._stores.store import CheckpointStore, MemoryStore, RevisionInfo
+from steerable.actors._stores.store import (
+    CheckpointStore,
+    MemoryStore,
+    Owner,
+    RevisionInfo,
+    StoredRun,
+)
 from steerable.actors._tools.tool import Tool, tool
 from steerable.protocol import (
     AgentError,
@@ -50,13 +57,16 @@ from .directory import RunDirectory, RunEntry
 from .events import EventLog
 from .handle import RunHandle
 from .jobs import Accept
+from .leases import LeaseKeeper
 from .runtrees import RunTree, build_tree, check_compatible, start_child
-from .supervisor import Begin, CancelNow, RunSupervisor
+from .supervisor import Begin, CancelNow, LeaseLost, LeaseRenewed, RunSupervisor
 
 __all__ = ["Agent", "RunTree", "Runtime", "Services"]
 
 _log = get_logger("steerable.runtime")
 _CAPABILITY_CACHE = 1024  # distinct (agent, tool set) snapshots kept
+DEFAULT_LEASE_TTL = 5.0
+"""Seconds a run's lease lasts unless renewed (docs/deployment.md)."""
 
 Agent = Any
 """An agent: any object with `decide(view) -> Decision` (plain or async) and optional `name`."""
@@ -81,6 +91,10 @@ class Services:
     start_child: Callable[[RunSupervisor, ChildJob], None]
     cancel_child: Callable[[str, str], None]
     agents: frozenset[str]
+    lease_lost: Callable[[str], None] = lambda run_id: None
+    """Fence a run of this runtime out (its lease is lost): it stops at once."""
+    poke_leases: Callable[[], None] = lambda: None
+    """Ask for a lease renewal now (a run waits for one to start a tool)."""
 
 
 def agent_name(agent: Agent) -> str:
@@ -115,6 +129,11 @@ class Runtime:
             their next message (docs/requirements.md "Passivation"). Default True.
         hook_workers: Threads that run hooks (each run's hooks run one at a time, in order;
             a hung hook holds one thread until `hook_timeout`). Default 8.
+        lease_ttl: Seconds a run's lease lasts unless renewed (every `lease_ttl / 3`, one
+            pass for all runs). Another process may take a run over this long after this
+            one stopped renewing (crashed, frozen). Default 5 (docs/deployment.md).
+        adopt_orphans: Claim and resume stored runs nobody holds (their owner crashed, froze
+            or was killed) whose agent is registered in `agents`. Default False.
     """
 
     def __init__(
@@ -133,6 +152,8 @@ class Runtime:
         thread_stack_size: int | None = None,
         passivate: bool = True,
         hook_workers: int = 8,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        adopt_orphans: bool = False,
     ) -> None:
         if thread_stack_size is not None:
             threading.stack_size(thread_stack_size)
@@ -175,6 +196,20 @@ class Runtime:
             agents=frozenset(self.agents),
         )
         self.directory = RunDirectory(self.services, passivate=passivate)
+        self.owner = Owner.new()
+        """This runtime's identity as a run owner (unique per process start)."""
+        self.adopt_orphans = adopt_orphans
+        self._orphans_logged: set[str] = set()
+        self.leases = LeaseKeeper(
+            self.store,
+            self.owner,
+            lease_ttl,
+            on_lost=self._lease_lost,
+            on_renewed=self._lease_renewed,
+            adopt=self._adopt if adopt_orphans else None,
+        )
+        self.services.lease_lost = self._lease_lost
+        self.services.poke_leases = self.leases.poke
         dispatcher.start()
         timer.start()
         pool.start()
@@ -261,6 +296,7 @@ class Runtime:
                 subagents=self.agents.keys(),
             )
 
+        self.leases.new_run(entry.cell)
         self.directory.launch(entry, factory, Begin())
         return RunHandle(self, entry.cell)
 
@@ -300,36 +336,75 @@ class Runtime:
         if live is not None:
             return RunHandle(self, live.cell)
         stored = self.store.load(run_id)
+        if stored.snapshot.state.is_terminal:
+            return self._settled(stored)
+        cell = self._cell_of(stored)
+        self.leases.claim(cell)  # run_owned if another live runtime holds it
+        return self._resume_claimed(
+            cell, agent, accept, hooks, compatibility, tools, override=override
+        )
+
+    def _cell_of(self, stored: StoredRun) -> RunCell:
         snap = stored.snapshot
-        cell = RunCell(
-            run_id,
+        return RunCell(
+            snap.run_id,
             snap.trace_id,
             snap.parent_run_id,
             EventLog(snap.trace_id),
             next_seq=max([snap.last_seq, *(m.seq for m in stored.messages)]) + 1,
         )
+
+    def _settled(self, stored: StoredRun) -> RunHandle:
+        snap = stored.snapshot
+        cell = self._cell_of(stored)
         cell.revision = snap.revision
-        cell.stored.set()  # the store holds it already
-        entry = self._entry(cell, agent, snap.config, accept, hooks, compatibility, tools)
-        check_compatible(snap, entry, compatibility, override)
-        if snap.state.is_terminal:
-            cell.settle(
-                RunOutcome(
-                    run_id=run_id,
-                    state=snap.state,
-                    output=snap.output,
-                    errors=snap.errors,
-                    metrics=snap.metrics,
-                    revision=snap.revision,
-                )
+        cell.stored.set()
+        cell.settle(
+            RunOutcome(
+                run_id=snap.run_id,
+                state=snap.state,
+                output=snap.output,
+                errors=snap.errors,
+                metrics=snap.metrics,
+                revision=snap.revision,
             )
-            return RunHandle(self, cell)
-        cell.state = snap.state
-        self.directory.launch(
-            entry,
-            self.directory.restored_machine(entry, stored),
-            Begin(resume=True, messages=tuple(stored.messages)),
         )
+        return RunHandle(self, cell)
+
+    def _resume_claimed(
+        self,
+        cell: RunCell,
+        agent: Agent,
+        accept: Accept | None,
+        hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None,
+        compatibility: Compatibility | None,
+        tools: Iterable[Tool[Any, Any] | Callable[..., Any]] | None,
+        *,
+        override: bool,
+    ) -> RunHandle:
+        """Resume a run whose lease `cell` holds; the lease is released if it cannot run."""
+        run_id = cell.run_id
+        try:
+            # Read again under the lease: the previous owner may have written until the claim.
+            stored = self.store.load(run_id)
+            snap = stored.snapshot
+            if snap.state.is_terminal:
+                self.leases.release(run_id)
+                return self._settled(stored)
+            cell.next_seq = max([snap.last_seq, *(m.seq for m in stored.messages)]) + 1
+            cell.revision = snap.revision
+            cell.stored.set()  # the store holds it already
+            entry = self._entry(cell, agent, snap.config, accept, hooks, compatibility, tools)
+            check_compatible(snap, entry, compatibility, override)
+            cell.state = snap.state
+            self.directory.launch(
+                entry,
+                self.directory.restored_machine(entry, stored),
+                Begin(resume=True, messages=tuple(stored.messages)),
+            )
+        except BaseException:
+            self.leases.release(run_id)
+            raise
         return RunHandle(self, cell)
 
     def fork(
@@ -366,6 +441,7 @@ class Runtime:
             tools,
         )
         origin = ForkOrigin(run_id=run_id, revision=snap.revision)
+        self.leases.new_run(entry.cell)
         self.directory.launch(
             entry,
             self.directory.restored_machine(
@@ -480,6 +556,10 @@ class Runtime:
                     ref.stop(block=False)
         services = self.services
         services.dispatcher.stop(timeout=max(0.1, deadline - self.clock.now()))
+        self.leases.stop(timeout=max(0.1, deadline - self.clock.now()))
+        for run_id in self.leases.tracked():
+            # Parked or stopped where they stand: another process may take them at once.
+            self.leases.release(run_id)
         services.timer.stop(timeout=max(0.1, deadline - self.clock.now()))
         left = services.pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += services.hook_pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
@@ -570,7 +650,52 @@ class Runtime:
         return self.directory.post(cell, build)
 
     def _run_ended(self, run_id: str) -> None:
+        self.leases.forget(run_id)
         self.directory.ended_run(run_id)
+
+    def _lease_lost(self, run_id: str) -> None:
+        """Another runtime owns the run now: stop it here at once (any thread)."""
+        self.leases.forget(run_id)
+        entry = self.directory.get(run_id)
+        if entry is None:
+            return
+        with entry.cell.lock:
+            ref = entry.ref
+            if ref is not None:
+                with contextlib.suppress(pykka.ActorDeadError):
+                    ref.tell(LeaseLost())
+                    return
+        self.directory.fenced_parked(entry)
+
+    def _lease_renewed(self, run_id: str) -> None:
+        entry = self.directory.get(run_id)
+        ref = None if entry is None else entry.ref
+        if ref is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(LeaseRenewed())
+
+    def _adopt(self) -> None:
+        """Claim and resume orphaned runs whose agent is registered (the keeper's thread)."""
+        if self._closed:
+            return
+        started = time.monotonic()
+        leases, left = self.store.claim_orphans(self.owner, self.leases.ttl, frozenset(self.agents))
+        for run_id, agent in left:
+            if run_id not in self._orphans_logged:
+                self._orphans_logged.add(run_id)
+                _log.info("orphan_not_adopted", run_id=run_id, agent=agent, why="agent unknown")
+        for lease in leases:
+            try:
+                stored = self.store.load(lease.run_id)
+                cell = self._cell_of(stored)
+                self.leases.claimed(cell, lease, started)
+                self._resume_claimed(
+                    cell, self.agents[lease.agent], None, None, None, None, override=False
+                )
+                _log.info("run_adopted", run_id=lease.run_id, epoch=lease.epoch)
+            except Exception:  # noqa: BLE001 - one bad run must not stop adoption of others
+                _log.warning("adoption_failed", run_id=lease.run_id, exc_info=True)
+                self.leases.release(lease.run_id)
 
     def _park(self, sup: RunSupervisor) -> None:
         self.directory.park(sup)

@@ -199,6 +199,9 @@ def start_child(runtime: Runtime, parent: RunSupervisor, job: ChildJob) -> None:
         cell.next_seq = max([stored.snapshot.last_seq, *(m.seq for m in stored.messages)]) + 1
         cell.revision = stored.snapshot.revision
         cell.stored.set()
+        # Owned with its parent, whose claim fenced the previous owner out: taken even if
+        # that owner's lease of the child has not expired yet.
+        runtime.leases.claim(cell, force=True)
         runtime.directory.launch(
             entry,
             runtime.directory.restored_machine(entry, stored),
@@ -225,4 +228,5 @@ def start_child(runtime: Runtime, parent: RunSupervisor, job: ChildJob) -> None:
             subagents=runtime.agents.keys(),
         )
 
+    runtime.leases.new_run(cell)
     runtime.directory.launch(entry, factory, Begin())

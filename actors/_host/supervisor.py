@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ from steerable.protocol import (
     RunOutcome,
     RunView,
     SideEffect,
+    SteerableError,
     SubagentResult,
     ToolResult,
     TranscriptEntry,
@@ -47,9 +49,30 @@ if TYPE_CHECKING:
     from .cell import RunCell
     from .runtime import Services
 
-__all__ = ["Begin", "ChildDone", "HostMsg", "RunSupervisor", "TimerFired"]
+__all__ = [
+    "Begin",
+    "ChildDone",
+    "HostMsg",
+    "LeaseLost",
+    "LeaseRenewed",
+    "RunSupervisor",
+    "TimerFired",
+]
 
 _log = get_logger("steerable.supervisor")
+
+
+def lease_lost_error(run_id: str, epoch: int) -> SteerableError:
+    """What `result()` raises in a runtime whose run was taken over by another owner."""
+    return SteerableError(
+        AgentError.of(
+            ErrorCode.RUN_OWNED,
+            f"run {run_id} lost its lease (epoch {epoch}): another runtime owns it now; "
+            "this process stopped it without writing",
+            run_id=run_id,
+            epoch=epoch,
+        )
+    )
 
 
 @dataclass(slots=True)
@@ -89,6 +112,16 @@ class CancelNow:
     """Message: the host is cancelling the run (ahead of its stored CancelRequest)."""
 
     reason: str
+
+
+@dataclass(slots=True)
+class LeaseLost:
+    """Message: another runtime owns this run now; stop at once, writing nothing."""
+
+
+@dataclass(slots=True)
+class LeaseRenewed:
+    """Message: the lease is still held; calls waiting for that may start."""
 
 
 @dataclass(slots=True)
@@ -142,6 +175,7 @@ class RunSupervisor(SteerableActor, MuxActor):
         self._wall = services.clock.wall()
         self._hook_jobs: list[HookJob] = []
         self._outcome: RunOutcome | None = None
+        self._fenced = False
 
         self.machine = machine_factory(self)
 
@@ -155,6 +189,8 @@ class RunSupervisor(SteerableActor, MuxActor):
 
     def handle(self, message: object) -> object:
         """Apply one message to the machine, then publish the state the host reads."""
+        if self._fenced:  # fenced out: nothing more reaches the machine
+            return None
         clock = self.services.clock
         now = clock.now()
         # One wall-clock reading per message: every event of one step carries the same time.
@@ -202,6 +238,44 @@ class RunSupervisor(SteerableActor, MuxActor):
 
     def _on_cancel_now(self, message: CancelNow, now: float) -> None:
         self.machine.cancel_now(message.reason, now)
+
+    def _on_lease_lost(self, message: LeaseLost, now: float) -> None:
+        """Another runtime owns the run: stop at once, start nothing, write nothing.
+
+        The store keeps the state the new owner continues from; this process only tells its
+        host (a `lease_lost` event, and `result()` raises `run_owned`).
+        """
+        self._fenced = True
+        cell = self.cell
+        self._log.warning("run_fenced_out", epoch=cell.epoch)
+        self._held.clear()
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        children, self._children = list(self._children.values()), {}
+        for child in children:  # fenced with their parent: they must not write either
+            self.services.lease_lost(child)
+        for key in list(self._work):
+            self.abandon_work(key)
+        cell.scope.cancel("lease lost")
+        cell.events.append(
+            cell.run_id,
+            EventKind.LEASE_LOST,
+            None,
+            self._wall,
+            {"epoch": cell.epoch},
+            cell.parent_run_id,
+        )
+        cell.close_approvals()
+        self.services.run_ended(cell.run_id)
+        if not cell.future.done():
+            cell.future.set_exception(lease_lost_error(cell.run_id, cell.epoch))
+        if cell.owns_events:
+            cell.events.close()
+        self.actor_ref.stop(block=False)
+
+    def _on_lease_renewed(self, message: LeaseRenewed, now: float) -> None:
+        self._on_stored(Stored(self._stored), now)
 
     def _on_child_done(self, message: ChildDone, now: float) -> None:
         if self._children.pop(message.call_id, None) is not None:
@@ -291,6 +365,14 @@ class RunSupervisor(SteerableActor, MuxActor):
 
     def _start_call(self, tool: Tool[Any, Any], job: CallJob) -> None:
         services = self.services
+        cell = self.cell
+        if time.monotonic() >= cell.lease_deadline:
+            # Past the lease's sure deadline (a frozen process, a starved renewer): no tool
+            # starts until a renewal says the run is still ours (docs/durability.md).
+            self._held.append((-1, job))
+            cell.lease_wait = True
+            services.poke_leases()
+            return
         scope = self.cell.scope.child(job.deadline)
         ctx = ToolContext(
             run_id=self.cell.run_id,
@@ -544,6 +626,8 @@ _HANDLERS: dict[type, Callable[[RunSupervisor, Any, float], None]] = {
     ChildDone: RunSupervisor._on_child_done,
     CancelNow: RunSupervisor._on_cancel_now,
     Stored: RunSupervisor._on_stored,
+    LeaseLost: RunSupervisor._on_lease_lost,
+    LeaseRenewed: RunSupervisor._on_lease_renewed,
     HookDone: RunSupervisor._on_hook_done,
     Begin: RunSupervisor._on_begin,
 }

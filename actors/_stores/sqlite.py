@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
 import sqlite3
 import threading
+import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,8 @@ from steerable.protocol import (
 )
 from steerable.protocol._codec import decode, decode_body, encode, encode_body
 
+from .lease import Lease, Owner, owner_gone, run_owned
+from .schema import SCHEMA_VERSION, check_foreign, migrate
 from .store import (
     CheckpointStore,
     RevisionInfo,
@@ -45,29 +49,6 @@ from .store import (
 __all__ = ["SCHEMA_VERSION", "SqliteStore", "default_db_path"]
 
 _log = get_logger("steerable.sqlite")
-
-SCHEMA_VERSION = 1
-"""The version of the database layout (tables below); distinct from the codec's format."""
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY, parent_run_id TEXT, task TEXT NOT NULL, agent TEXT NOT NULL,
-    state TEXT NOT NULL, revision INTEGER NOT NULL, updated_at REAL NOT NULL,
-    static BLOB NOT NULL, crc INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS revisions (
-    run_id TEXT NOT NULL, revision INTEGER NOT NULL, snapshot BLOB NOT NULL, crc INTEGER NOT NULL,
-    PRIMARY KEY (run_id, revision)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS entries (
-    run_id TEXT NOT NULL, idx INTEGER NOT NULL, entry BLOB NOT NULL, crc INTEGER NOT NULL,
-    PRIMARY KEY (run_id, idx)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS inbox (
-    run_id TEXT NOT NULL, seq INTEGER NOT NULL, message BLOB NOT NULL, crc INTEGER NOT NULL,
-    PRIMARY KEY (run_id, seq)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS journal (
-    run_id TEXT NOT NULL, call_id TEXT NOT NULL, result BLOB NOT NULL, crc INTEGER NOT NULL,
-    PRIMARY KEY (run_id, call_id)) WITHOUT ROWID;
-"""
 
 _STOP = object()
 
@@ -117,20 +98,51 @@ class SqliteStore(CheckpointStore):
             crash (SIGKILL) without losing a committed write; "FULL" also survives power loss,
             at a cost per commit.
         max_batch: Most writes committed in one transaction.
+        create: Create the file (and its folder) if missing. With False, a missing file is
+            `not_found` (the CLI reads only databases that exist).
 
     The store starts one writer thread (`steerable-sqlite`); `close()` (or the Runtime's
     shutdown) flushes and stops it.
+
+    Opening a file that is not a steerable database changes nothing in it: `checkpoint_corrupt`
+    for a file that is not SQLite, `checkpoint_incompatible` for another application's
+    database or a newer schema. A database of an older schema is migrated in place.
+
+    Raises:
+        SteerableError: as above, with the path in the message and details.
     """
 
     durable = True
+    fences = True
 
     def __init__(
-        self, path: str | os.PathLike[str], *, synchronous: str = "NORMAL", max_batch: int = 512
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: str = "NORMAL",
+        max_batch: int = 512,
+        create: bool = True,
     ) -> None:
         if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
             raise ValueError(f"unknown synchronous mode {synchronous!r}")
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not create and not self.path.is_file():
+            raise SteerableError(
+                AgentError.of(
+                    ErrorCode.NOT_FOUND, f"{self.path}: no such database", path=str(self.path)
+                )
+            )
+        check_foreign(self.path)  # before anything could write to a file that is not ours
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SteerableError(
+                AgentError.of(
+                    ErrorCode.NOT_FOUND,
+                    f"{self.path}: cannot create its folder: {exc.strerror}",
+                    path=str(self.path),
+                )
+            ) from None
         self._synchronous = synchronous.upper()
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -139,8 +151,20 @@ class SqliteStore(CheckpointStore):
         self._close_lock = threading.Lock()
         self._failed: BaseException | None = None
         self._static_written: set[str] = set()  # touched by the writer thread only
-        conn = self._connect()
-        self._init_schema(conn)
+        self._held: dict[str, tuple[Owner, int]] = {}
+        """Runs this store object writes for: run id -> (owner, epoch). Checked by the writer
+        in each write's transaction (fencing)."""
+        self._held_lock = threading.Lock()
+        self._ttl = 5.0
+        try:
+            conn = self._connect()
+        except sqlite3.Error as exc:
+            raise _corrupt(f"{self.path}: cannot open: {exc}", path=str(self.path)) from None
+        try:
+            migrate(conn, self.path)
+        except BaseException:
+            conn.close()
+            raise
         self._writer_conn = conn
         self._thread = threading.Thread(
             target=self._write_loop, name="steerable-sqlite", daemon=True
@@ -153,32 +177,10 @@ class SqliteStore(CheckpointStore):
         conn = sqlite3.connect(
             self.path, timeout=30.0, isolation_level=None, check_same_thread=False
         )
+        conn.execute("PRAGMA busy_timeout=30000")
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
-        conn.execute("PRAGMA busy_timeout=30000")
         return conn
-
-    def _init_schema(self, conn: sqlite3.Connection) -> None:
-        conn.executescript(_SCHEMA)  # idempotent: CREATE ... IF NOT EXISTS
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None:
-                conn.execute(
-                    "INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-                )
-            elif int(row[0]) > SCHEMA_VERSION:
-                raise _incompatible(
-                    f"{self.path} was written by a newer steerable (schema {row[0]} > "
-                    f"{SCHEMA_VERSION}); upgrade steerable to open it",
-                    schema_version=int(row[0]),
-                    supported=SCHEMA_VERSION,
-                )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            conn.close()
-            raise
 
     def _reader(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -285,11 +287,16 @@ class SqliteStore(CheckpointStore):
             conn.close()
 
     def _commit(self, conn: sqlite3.Connection, batch: list[tuple[Any, Any]]) -> None:
+        fenced: set[str] = set()
         try:
-            conn.execute("BEGIN")
+            # IMMEDIATE: the fence check reads the lease and the write follows in the same
+            # transaction; a deferred one could not upgrade after another process's claim.
+            conn.execute("BEGIN IMMEDIATE")
+            checked: dict[str, bool] = {}
             for op, _ in batch:
-                self._apply(conn, op)
+                self._apply(conn, op, checked)
             conn.execute("COMMIT")
+            fenced = {run_id for run_id, ok in checked.items() if not ok}
         except BaseException as exc:  # noqa: BLE001 - reported to every waiter, and logged
             _log.error("sqlite_commit_failed", path=str(self.path), exc_info=True)
             if conn.in_transaction:
@@ -304,30 +311,83 @@ class SqliteStore(CheckpointStore):
                         )
                     )
             return
-        for _, done in batch:
+        for op, done in batch:
             if isinstance(done, Future):
                 if not done.done():
                     done.set_result(None)
-            elif done is not None:
+            elif done is not None and op[1] not in fenced:
                 try:
                     done()  # on_stored: a tell to the run that waits for this revision
                 except Exception:  # noqa: BLE001 - the writer must go on
                     _log.error("on_stored_failed", exc_info=True)
+        if fenced:
+            self._fenced(fenced)
 
-    def _apply(self, conn: sqlite3.Connection, op: tuple[Any, ...]) -> None:
+    def _fence_ok(
+        self, conn: sqlite3.Connection, run_id: str, agent: str, checked: dict[str, bool]
+    ) -> bool:
+        """Whether this store object may write for `run_id` (in the write's transaction)."""
+        ok = checked.get(run_id)
+        if ok is not None:
+            return ok
+        with self._held_lock:
+            held = self._held.get(run_id)
+        if held is None:
+            ok = True  # not a run this store object owns (a store without a runtime's leases)
+        else:
+            owner, epoch = held
+            row = conn.execute(
+                "SELECT owner, epoch FROM leases WHERE run_id=?", (run_id,)
+            ).fetchone()
+            if row is None:
+                ok = epoch == 1  # a new run: its first write makes its lease
+                if ok:
+                    conn.execute(
+                        "INSERT INTO leases VALUES (?,?,?,?,?,?,?)",
+                        (
+                            run_id,
+                            owner.instance_id,
+                            owner.host,
+                            owner.pid,
+                            1,
+                            self._now() + self._ttl,
+                            agent,
+                        ),
+                    )
+            else:
+                ok = (row[0], row[1]) == (owner.instance_id, epoch)
+            if not ok:
+                with self._held_lock:
+                    if self._held.get(run_id) == held:
+                        del self._held[run_id]
+        checked[run_id] = ok
+        return ok
+
+    def _apply(
+        self, conn: sqlite3.Connection, op: tuple[Any, ...], checked: dict[str, bool]
+    ) -> None:
         kind = op[0]
         if kind == "checkpoint":
-            self._apply_checkpoint(conn, *op[1:])
+            if self._fence_ok(conn, op[1], op[3]["agent"], checked):
+                self._apply_checkpoint(conn, *op[1:])
         elif kind == "journal":
             _, run_id, call_id, blob = op
-            conn.execute(
-                "INSERT OR REPLACE INTO journal VALUES (?,?,?,?)",
-                (run_id, call_id, blob, _crc(blob)),
-            )
+            if self._fence_ok(conn, run_id, "", checked):
+                conn.execute(
+                    "INSERT OR REPLACE INTO journal VALUES (?,?,?,?)",
+                    (run_id, call_id, blob, _crc(blob)),
+                )
         elif kind == "inbox":
             _, run_id, seq, blob = op
             conn.execute(
-                "INSERT OR REPLACE INTO inbox VALUES (?,?,?,?)", (run_id, seq, blob, _crc(blob))
+                "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc) VALUES (?,?,?,?)",
+                (run_id, seq, blob, _crc(blob)),
+            )
+        elif kind == "release":
+            _, run_id, owner, epoch = op
+            conn.execute(
+                "UPDATE leases SET expires_at=0 WHERE run_id=? AND owner=? AND epoch=?",
+                (run_id, owner, epoch),
             )
 
     def _apply_checkpoint(
@@ -382,6 +442,177 @@ class SqliteStore(CheckpointStore):
             conn.execute("DELETE FROM journal WHERE run_id=?", (run_id,))
         if RunState(snapshot["state"]).is_terminal:
             self._static_written.discard(run_id)
+            # Nobody needs a finished run's lease: released with its last write.
+            conn.execute("UPDATE leases SET expires_at=0 WHERE run_id=?", (run_id,))
+            with self._held_lock:
+                self._held.pop(run_id, None)
+
+    # ------------------------------------------------------------------ ownership
+
+    @staticmethod
+    def _now() -> float:
+        """The store's clock: the machine's clock, which every process on it shares (a
+        SQLite file is only ever shared by processes of one machine)."""
+        return time.time()
+
+    def _transaction(self) -> sqlite3.Connection:
+        self._check_open()
+        conn = self._reader()
+        conn.execute("BEGIN IMMEDIATE")
+        return conn
+
+    def register_new(self, run_id: str, owner: Owner, ttl: float) -> None:
+        """A new run of `owner`: its first write creates its lease (epoch 1)."""
+        self._ttl = ttl
+        with self._held_lock:
+            self._held[run_id] = (owner, 1)
+
+    def claim(self, run_id: str, owner: Owner, ttl: float, *, force: bool = False) -> Lease:
+        """Take the run's lease (epoch + 1) in one transaction.
+
+        Raises:
+            SteerableError: `not_found`; `run_owned` if another owner's lease is live.
+        """
+        self.flush()
+        conn = self._transaction()
+        try:
+            run = conn.execute("SELECT agent FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            if run is None:
+                raise not_found(run_id)
+            lease = self._claim_row(conn, run_id, run[0], owner, ttl, force=force)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        with self._held_lock:
+            self._held[run_id] = (owner, lease.epoch)
+        return lease
+
+    def _claim_row(
+        self,
+        conn: sqlite3.Connection,
+        run_id: str,
+        agent: str,
+        owner: Owner,
+        ttl: float,
+        *,
+        force: bool,
+    ) -> Lease:
+        now = self._now()
+        row = conn.execute(
+            "SELECT owner, host, pid, epoch, expires_at FROM leases WHERE run_id=?", (run_id,)
+        ).fetchone()
+        if row is not None and not force and row[0] != owner.instance_id and row[4] > now:
+            holder = Owner(row[0], row[1], row[2])
+            if not owner_gone(holder):
+                raise run_owned(run_id, holder, row[4] - now)
+        epoch = (row[3] if row is not None else 0) + 1
+        conn.execute(
+            "INSERT OR REPLACE INTO leases VALUES (?,?,?,?,?,?,?)",
+            (run_id, owner.instance_id, owner.host, owner.pid, epoch, now + ttl, agent),
+        )
+        return Lease(run_id, owner, epoch, now + ttl, agent)
+
+    def renew(self, owner: Owner, run_ids: Collection[str], ttl: float) -> set[str]:
+        """Extend `owner`'s live leases in one statement; returns the held runs it lost."""
+        self._ttl = ttl
+        conn = self._transaction()
+        try:
+            conn.execute(
+                "UPDATE leases SET expires_at=? WHERE owner=? AND expires_at>0",
+                (self._now() + ttl, owner.instance_id),
+            )
+            rows = conn.execute(
+                "SELECT run_id, epoch FROM leases WHERE owner=? AND expires_at>0",
+                (owner.instance_id,),
+            ).fetchall()
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        mine = dict(rows)
+        lost: set[str] = set()
+        with self._held_lock:
+            for run_id in run_ids:
+                held = self._held.get(run_id)
+                if held is None or held[0].instance_id != owner.instance_id:
+                    lost.add(run_id)
+                elif mine.get(run_id) != held[1] and not (held[1] == 1 and run_id not in mine):
+                    lost.add(run_id)
+                    del self._held[run_id]
+        if lost:
+            # A new run (epoch 1) not in `mine` may be unwritten yet, or taken: look.
+            lost = {r for r in lost if not self._unwritten_new(r, owner)}
+        return lost
+
+    def _unwritten_new(self, run_id: str, owner: Owner) -> bool:
+        with self._held_lock:
+            held = self._held.get(run_id)
+        if held is None or held[1] != 1 or held[0].instance_id != owner.instance_id:
+            return False
+        row = self._reader().execute("SELECT 1 FROM leases WHERE run_id=?", (run_id,)).fetchone()
+        return row is None
+
+    def release(self, run_id: str, owner: Owner) -> None:
+        """Give up the lease once this run's queued writes are stored (writer order)."""
+        with self._held_lock:
+            held = self._held.pop(run_id, None)
+        if held is not None and held[0].instance_id == owner.instance_id and not self._closed:
+            self._queue.put((("release", run_id, owner.instance_id, held[1]), None))
+
+    def claim_orphans(
+        self, owner: Owner, ttl: float, agents: Collection[str], limit: int = 16
+    ) -> tuple[list[Lease], list[tuple[str, str]]]:
+        """Claim expired, non-terminal top-level runs of known agents, in one transaction."""
+        terminal = [s.value for s in RunState if s.is_terminal]
+        marks = ",".join("?" * len(terminal))
+        conn = self._transaction()
+        taken: list[Lease] = []
+        left: list[tuple[str, str]] = []
+        try:
+            rows = conn.execute(
+                "SELECT r.run_id, r.agent, l.owner, l.host, l.pid, l.expires_at "
+                "FROM runs r LEFT JOIN leases l USING (run_id) "
+                f"WHERE r.parent_run_id IS NULL AND r.state NOT IN ({marks}) "
+                "AND (l.run_id IS NULL OR l.expires_at<=? OR l.host=?) ORDER BY r.run_id",
+                (*terminal, self._now(), socket.gethostname()),
+            ).fetchall()
+            now = self._now()
+            for run_id, agent, holder, host, pid, expires_at in rows:
+                live = holder is not None and expires_at > now
+                if live and (
+                    holder == owner.instance_id or not owner_gone(Owner(holder, host, pid))
+                ):
+                    continue
+                if agent not in agents:
+                    left.append((run_id, agent))
+                elif len(taken) < limit:
+                    taken.append(self._claim_row(conn, run_id, agent, owner, ttl, force=True))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        with self._held_lock:
+            for lease in taken:
+                self._held[lease.run_id] = (owner, lease.epoch)
+        return taken, left
+
+    def lease(self, run_id: str) -> Lease | None:
+        """The run's stored lease, or None if it was never claimed."""
+        row = (
+            self._reader()
+            .execute(
+                "SELECT owner, host, pid, epoch, expires_at, agent FROM leases WHERE run_id=?",
+                (run_id,),
+            )
+            .fetchone()
+        )
+        if row is None:
+            return None
+        return Lease(run_id, Owner(row[0], row[1], row[2]), row[3], row[4], row[5])
 
     # ------------------------------------------------------------------ reads
 

@@ -9,9 +9,10 @@ stream (trace) and any memory an agent keeps stay separate responsibilities.
 
 from __future__ import annotations
 
+import math
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +32,13 @@ from steerable.protocol import (
 )
 from steerable.protocol._codec import decode_body
 
+from .lease import FenceListeners, Lease, LeaseTable, Owner
+
 __all__ = [
     "CheckpointStore",
+    "Lease",
     "MemoryStore",
+    "Owner",
     "RevisionInfo",
     "RunSummary",
     "StoredRun",
@@ -230,6 +235,77 @@ class CheckpointStore(ABC):
     def close(self) -> None:  # noqa: B027 - stores without resources need no close
         """Release the store's resources (flushes first)."""
 
+    # ------------------------------------------------------------------ ownership
+    # A store that does not override these does not fence: every claim succeeds (epoch 0) and
+    # nothing is ever refused. MemoryStore and SqliteStore implement them (docs/durability.md).
+
+    fences: bool = False
+    """Whether the store implements ownership: leases, epochs and fenced writes."""
+
+    def register_new(self, run_id: str, owner: Owner, ttl: float) -> None:  # noqa: B027
+        """A new run of `owner` (start, fork, a new child): epoch 1 from its first write.
+
+        Nobody else can know the run before its first checkpoint, so no claim is needed.
+        """
+
+    def claim(self, run_id: str, owner: Owner, ttl: float, *, force: bool = False) -> Lease:
+        """Take the run's lease for `ttl` seconds: epoch + 1, this store object writes for it.
+
+        Args:
+            run_id: The run.
+            owner: The claiming runtime.
+            ttl: Seconds until the lease expires unless renewed (on the store's clock).
+            force: Take it even from a live owner (a child run, whose parent was claimed).
+
+        Raises:
+            SteerableError: `run_owned` if another owner's lease has not expired.
+        """
+        del ttl, force
+        return Lease(run_id, owner, 0, math.inf)
+
+    def renew(self, owner: Owner, run_ids: Collection[str], ttl: float) -> set[str]:
+        """Extend `owner`'s leases of `run_ids` by `ttl`; returns the runs it lost."""
+        del owner, run_ids, ttl
+        return set()
+
+    def release(self, run_id: str, owner: Owner) -> None:  # noqa: B027
+        """Give up `owner`'s lease of the run now (after its queued writes), if still held."""
+
+    def claim_orphans(
+        self, owner: Owner, ttl: float, agents: Collection[str], limit: int = 16
+    ) -> tuple[list[Lease], list[tuple[str, str]]]:
+        """Claim up to `limit` stored top-level runs that are not terminal and nobody holds.
+
+        Only runs whose agent is in `agents` are claimed; one transaction, so adopting
+        runtimes never claim the same run twice.
+
+        Returns:
+            The leases taken, and (run id, agent) of orphans left for want of their agent.
+        """
+        del owner, ttl, agents, limit
+        return [], []
+
+    def lease(self, run_id: str) -> Lease | None:
+        """The run's lease as stored (None: never claimed, or a store without ownership)."""
+        del run_id
+        return None
+
+    def add_fence_listener(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call `callback(run_id)` whenever a write of that run is refused (fenced out).
+
+        Returns:
+            A function that removes the listener.
+        """
+        listeners: FenceListeners | None = self.__dict__.get("_fence_listeners")
+        if listeners is None:
+            listeners = self.__dict__.setdefault("_fence_listeners", FenceListeners())
+        return listeners.add(callback)
+
+    def _fenced(self, run_ids: Collection[str]) -> None:
+        listeners: FenceListeners | None = self.__dict__.get("_fence_listeners")
+        if listeners is not None and run_ids:
+            listeners.fire(run_ids)
+
 
 class _MemRun:
     __slots__ = ("entries", "journal", "messages", "revisions", "static")
@@ -251,10 +327,13 @@ class MemoryStore(CheckpointStore):
     """
 
     durable = False
+    fences = True
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._runs: dict[str, _MemRun] = {}
+        self._leases = LeaseTable()
+        self._ttl = 5.0  # a new run's first lease; renewals use the runtime's ttl
 
     def _run(self, run_id: str) -> _MemRun:
         run = self._runs.get(run_id)
@@ -268,7 +347,13 @@ class MemoryStore(CheckpointStore):
 
     def journal(self, run_id: str, result: ToolResult | SubagentResult) -> None:
         with self._lock:
-            self._run(run_id).journal[result.call_id] = result
+            if not self._leases.check(run_id, self._ttl):
+                fenced = True
+            else:
+                fenced = False
+                self._run(run_id).journal[result.call_id] = result
+        if fenced:
+            self._fenced([run_id])
 
     def write_checkpoint(
         self,
@@ -281,18 +366,91 @@ class MemoryStore(CheckpointStore):
     ) -> None:
         dynamic = {k: v for k, v in snapshot.items() if k not in _STATIC}
         with self._lock:
-            run = self._run(run_id)
-            if not run.static or revision == 0:
-                run.static = {k: snapshot[k] for k in STATIC_KEYS}
-            if entries:
-                del run.entries[entries_from:]  # a resumed run rewrites from its length
-                run.entries.extend(entries)
-            del run.revisions[revision:]
-            run.revisions.append(dynamic)
-            if not snapshot["plan"]:
-                run.journal.clear()  # the plan's results are in the transcript now
-        if on_stored is not None:
+            if not self._leases.check(run_id, self._ttl, snapshot["agent"]):
+                fenced = True
+            else:
+                fenced = False
+                self._store_checkpoint(run_id, revision, snapshot, dynamic, entries_from, entries)
+        if fenced:
+            self._fenced([run_id])
+        elif on_stored is not None:
             on_stored()
+
+    def _store_checkpoint(
+        self,
+        run_id: str,
+        revision: int,
+        snapshot: dict[str, Any],
+        dynamic: dict[str, Any],
+        entries_from: int,
+        entries: Sequence[TranscriptEntry],
+    ) -> None:
+        # Called under the lock.
+        run = self._run(run_id)
+        if not run.static or revision == 0:
+            run.static = {k: snapshot[k] for k in STATIC_KEYS}
+        if entries:
+            del run.entries[entries_from:]  # a resumed run rewrites from its length
+            run.entries.extend(entries)
+        del run.revisions[revision:]
+        run.revisions.append(dynamic)
+        if not snapshot["plan"]:
+            run.journal.clear()  # the plan's results are in the transcript now
+        if RunState(snapshot["state"]).is_terminal:
+            self._leases.ended(run_id)
+
+    # ------------------------------------------------------------------ ownership
+
+    def register_new(self, run_id: str, owner: Owner, ttl: float) -> None:
+        with self._lock:
+            self._ttl = ttl
+            self._leases.register_new(run_id, owner)
+
+    def claim(self, run_id: str, owner: Owner, ttl: float, *, force: bool = False) -> Lease:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None or not run.revisions:
+                raise not_found(run_id)
+            lease = self._leases.claim(run_id, owner, ttl, force=force)
+            if not lease.agent:
+                lease = self._leases.leases[run_id] = Lease(
+                    run_id, owner, lease.epoch, lease.expires_at, run.static["agent"]
+                )
+        return lease
+
+    def renew(self, owner: Owner, run_ids: Collection[str], ttl: float) -> set[str]:
+        with self._lock:
+            self._ttl = ttl
+            return self._leases.renew(owner, run_ids, ttl)
+
+    def release(self, run_id: str, owner: Owner) -> None:
+        with self._lock:
+            self._leases.release(run_id, owner)
+
+    def claim_orphans(
+        self, owner: Owner, ttl: float, agents: Collection[str], limit: int = 16
+    ) -> tuple[list[Lease], list[tuple[str, str]]]:
+        taken: list[Lease] = []
+        left: list[tuple[str, str]] = []
+        with self._lock:
+            for run_id, run in sorted(self._runs.items()):
+                if not run.revisions or run.static.get("parent_run_id") is not None:
+                    continue
+                if RunState(run.revisions[-1]["state"]).is_terminal:
+                    continue
+                if not self._leases.expired(run_id):
+                    continue
+                agent = run.static["agent"]
+                if agent not in agents:
+                    left.append((run_id, agent))
+                elif len(taken) < limit:
+                    lease = self._leases.claim(run_id, owner, ttl, force=False)
+                    taken.append(lease)
+        return taken, left
+
+    def lease(self, run_id: str) -> Lease | None:
+        with self._lock:
+            return self._leases.leases.get(run_id)
 
     def load(self, run_id: str, revision: int | None = None) -> StoredRun:
         with self._lock:
