@@ -72,11 +72,12 @@ def _db_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _store(args: argparse.Namespace) -> SqliteStore:
+def _store(args: argparse.Namespace, *, create: bool = False) -> SqliteStore:
+    """The store at `--db`; only the demo creates one (reading a missing file is an error)."""
     from steerable.actors._stores.sqlite import SqliteStore, default_db_path
 
     path: Path = args.db if args.db is not None else default_db_path()
-    return SqliteStore(path)
+    return SqliteStore(path, create=create)
 
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,7 +95,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     quiet_logs()
     out = functools.partial(print, flush=True)  # lines appear as events happen, even in a pipe
-    store = None if args.memory else _store(args)
+    store = None if args.memory else _store(args, create=True)
     outcomes = run_demo(out, store=store)
     if store is not None:
         out(
