@@ -146,7 +146,9 @@ class LeaseTable:
         """A new run of `owner`: epoch 1, its lease row is made by its first write."""
         self.held[run_id] = (owner, 1)
 
-    def claim(self, run_id: str, owner: Owner, ttl: float, *, force: bool) -> Lease:
+    def claim(
+        self, run_id: str, owner: Owner, ttl: float, *, force: bool, agent: str = ""
+    ) -> Lease:
         """Take the run's lease (epoch + 1) unless another live owner holds it."""
         now = self.clock()
         old = self.leases.get(run_id)
@@ -158,7 +160,11 @@ class LeaseTable:
         ):
             raise run_owned(run_id, old.owner, old.expires_at - now)
         lease = Lease(
-            run_id, owner, (old.epoch if old else 0) + 1, now + ttl, old.agent if old else ""
+            run_id,
+            owner,
+            (old.epoch if old else 0) + 1,
+            now + ttl,
+            agent or (old.agent if old else ""),
         )
         self.leases[run_id] = lease
         self.held[run_id] = (owner, lease.epoch)

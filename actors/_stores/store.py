@@ -411,12 +411,7 @@ class MemoryStore(CheckpointStore):
             run = self._runs.get(run_id)
             if run is None or not run.revisions:
                 raise not_found(run_id)
-            lease = self._leases.claim(run_id, owner, ttl, force=force)
-            if not lease.agent:
-                lease = self._leases.leases[run_id] = Lease(
-                    run_id, owner, lease.epoch, lease.expires_at, run.static["agent"]
-                )
-        return lease
+            return self._leases.claim(run_id, owner, ttl, force=force, agent=run.static["agent"])
 
     def renew(self, owner: Owner, run_ids: Collection[str], ttl: float) -> set[str]:
         with self._lock:
@@ -444,8 +439,7 @@ class MemoryStore(CheckpointStore):
                 if agent not in agents:
                     left.append((run_id, agent))
                 elif len(taken) < limit:
-                    lease = self._leases.claim(run_id, owner, ttl, force=False)
-                    taken.append(lease)
+                    taken.append(self._leases.claim(run_id, owner, ttl, force=False, agent=agent))
         return taken, left
 
     def lease(self, run_id: str) -> Lease | None:

@@ -1,0 +1,330 @@
+"""Run ownership (docs/durability.md, "Ownership"): leases, epochs, fencing, adoption, in process.
+
+The store contract runs against both stores; the takeover tests use two `SqliteStore` objects
+on one file (as two processes would: fencing is per store object). The multi-process harness
+is tests/test_ownership_processes.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Collection, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from steerable.actors import CheckpointStore, MemoryStore, Runtime, SqliteStore
+from steerable.actors._stores.lease import Owner
+from steerable.actors.testing import Gate, ScriptedAgent, call, plan, wait_event
+from steerable.protocol import ErrorCode, EventKind, Finish, RunState, SteerableError, ToolResult
+
+if TYPE_CHECKING:  # mypy resolves the kit as tests.test_stores (explicit package bases)
+    from tests.test_stores import snapshot
+else:  # pytest puts tests/ on sys.path (rootdir "prepend" import mode)
+    from test_stores import snapshot
+
+WAIT = 10.0
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CheckpointStore]:
+    made: CheckpointStore = (
+        MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "runs.db")
+    )
+    yield made
+    made.close()
+
+
+def until_expired(store: CheckpointStore, run_id: str) -> None:
+    """Wait until the stored lease of `run_id` has expired on the store's clock.
+
+    The wait is the lease's own remaining time (read from the store), not a guess.
+    """
+    lease = store.lease(run_id)
+    assert lease is not None
+    clock = time.time if isinstance(store, SqliteStore) else time.monotonic
+    remaining = lease.expires_at - clock()
+    if remaining > 0:
+        threading.Event().wait(remaining + 0.01)
+    assert (store.lease(run_id) or lease).expires_at <= clock()
+
+
+def stored_run(store: CheckpointStore, run_id: str, state: RunState = RunState.RUNNING) -> None:
+    store.write_checkpoint(run_id, 0, snapshot(run_id, 0, transcript_len=0, state=state), 0, [])
+    store.flush()
+
+
+# ---------------------------------------------------------------------- the store contract
+
+
+def test_claims_count_epochs_and_refuse_a_live_owner(store: CheckpointStore) -> None:
+    a, b = Owner.new(), Owner.new()
+    stored_run(store, "r")
+    first = store.claim("r", a, 30.0)
+    assert first.epoch == 1
+    with pytest.raises(SteerableError) as info:
+        store.claim("r", b, 30.0)
+    assert info.value.code is ErrorCode.RUN_OWNED
+    assert info.value.error.details["owner"]["pid"] == a.pid
+    assert 0 < info.value.error.details["expires_in"] <= 30.0
+    assert store.claim("r", a, 30.0).epoch == 2  # an owner may claim again (resume here)
+    assert store.lease("r") is not None
+    with pytest.raises(SteerableError) as missing:
+        store.claim("nope", a, 1.0)
+    assert missing.value.code is ErrorCode.NOT_FOUND
+
+
+def test_an_expired_lease_is_taken_over_and_the_old_owner_loses_it(
+    store: CheckpointStore,
+) -> None:
+    a, b = Owner.new(), Owner.new()
+    stored_run(store, "r")
+    store.claim("r", a, 0.2)
+    assert store.renew(a, ["r"], 0.2) == set()
+    until_expired(store, "r")
+    taken = store.claim("r", b, 30.0)
+    assert taken.epoch == 2
+    assert taken.owner == b
+    # b's claim is on the same store object here: only b's renewal holds it now.
+    assert store.renew(b, ["r"], 30.0) == set()
+
+
+def test_a_write_with_an_old_epoch_is_refused_and_reported(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    first, second = SqliteStore(path), SqliteStore(path)
+    fenced: list[str] = []
+    first.add_fence_listener(fenced.append)
+    stored: list[int] = []
+    try:
+        a, b = Owner.new(), Owner.new()
+        stored_run(first, "r")
+        first.claim("r", a, 0.2)
+        until_expired(first, "r")
+        second.claim("r", b, 30.0)
+        first.write_checkpoint(
+            "r", 1, snapshot("r", 1, transcript_len=0), 0, [], lambda: stored.append(1)
+        )
+        first.journal("r", ToolResult(call_id="c", tool="t", ok=True, value="zombie"))
+        first.flush()
+        assert fenced == ["r"]  # once per batch, then the store no longer writes for it
+        assert stored == []  # on_stored never says a refused write was stored
+        assert [r.revision for r in second.revisions("r")] == [0]
+        assert second.load("r").journal == {}
+        assert first.renew(a, ["r"], 1.0) == {"r"}
+        assert second.renew(b, ["r"], 30.0) == set()
+    finally:
+        first.close()
+        second.close()
+
+
+def test_release_lets_another_owner_claim_at_once(store: CheckpointStore) -> None:
+    a, b = Owner.new(), Owner.new()
+    stored_run(store, "r")
+    store.claim("r", a, 30.0)
+    store.release("r", a)
+    store.flush()
+    assert store.claim("r", b, 30.0).epoch == 2
+
+
+def test_claim_orphans_takes_expired_top_level_runs_of_known_agents(
+    store: CheckpointStore,
+) -> None:
+    a, b = Owner.new(), Owner.new()
+    stored_run(store, "orphan")
+    stored_run(store, "held")
+    stored_run(store, "done", RunState.FINISHED)
+    store.write_checkpoint(
+        "child", 0, snapshot("child", 0, transcript_len=0, parent_run_id="orphan"), 0, []
+    )
+    store.flush()
+    store.claim("held", a, 30.0)
+    taken, left = store.claim_orphans(b, 30.0, {"agent"})
+    assert [lease.run_id for lease in taken] == ["orphan"]
+    assert left == []
+    assert taken[0].agent == "agent"
+    assert store.claim_orphans(a, 30.0, {"agent"}) == ([], [])
+    stored_run(store, "other")
+    assert store.claim_orphans(a, 30.0, {"someone-else"}) == ([], [("other", "agent")])
+
+
+def test_adopting_stores_never_claim_the_same_run_twice(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    seed = SqliteStore(path)
+    for i in range(20):
+        stored_run(seed, f"r{i:02}")
+    seed.close()
+    stores = [SqliteStore(path) for _ in range(4)]
+    owners = [Owner.new() for _ in stores]
+    barrier = threading.Barrier(len(stores))
+    claimed: list[list[str]] = [[] for _ in stores]
+
+    def adopt(i: int) -> None:
+        barrier.wait(WAIT)
+        while True:
+            taken, _ = stores[i].claim_orphans(owners[i], 30.0, {"agent"}, limit=3)
+            if not taken:
+                return
+            claimed[i].extend(lease.run_id for lease in taken)
+
+    threads = [threading.Thread(target=adopt, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    for s in stores:
+        s.close()
+    every = [run_id for ids in claimed for run_id in ids]
+    assert sorted(every) == [f"r{i:02}" for i in range(20)]
+
+
+# ---------------------------------------------------------------------- runtimes
+
+
+class BlockingRenewals:
+    """Holds a store's renewals (a frozen renewer) until `thaw()`."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        self.frozen = threading.Event()
+        self.thawed = threading.Event()
+        self._renew = store.renew
+
+        def renew(owner: Owner, run_ids: Collection[str], ttl: float) -> set[str]:
+            if self.frozen.is_set():
+                self.thawed.wait(WAIT)
+            return self._renew(owner, run_ids, ttl)
+
+        store.renew = renew  # type: ignore[method-assign]
+
+    def thaw(self) -> None:
+        self.thawed.set()
+
+
+def two_step_agent(name: str = "worker") -> ScriptedAgent:
+    return ScriptedAgent(
+        [plan(call("gate", value="one")), plan(call("gate", value="two"))],
+        then=Finish(output="done"),
+        name=name,
+    )
+
+
+def test_resume_of_a_run_a_live_runtime_holds_is_refused_with_run_owned(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "runs.db"
+    gate = Gate()
+    with (
+        Runtime(store=SqliteStore(path), tools=[gate.tool()]) as first,
+        Runtime(store=SqliteStore(path), tools=[gate.tool()]) as second,
+    ):
+        handle = first.start("t", agent=two_step_agent())
+        gate.wait_started()
+        wait_event(handle, EventKind.CHECKPOINT)
+        first.store.flush()
+        with pytest.raises(SteerableError) as info:
+            second.resume(handle.run_id, agent=two_step_agent())
+        assert info.value.code is ErrorCode.RUN_OWNED
+        assert info.value.error.details["owner"]["instance_id"] == first.owner.instance_id
+        gate.release()
+        assert handle.result(WAIT).state is RunState.FINISHED
+
+
+def test_a_fenced_out_run_stops_at_once_and_the_new_owner_finishes_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "runs.db"
+    gate = Gate()
+    frozen_store = SqliteStore(path)
+    renewals = BlockingRenewals(frozen_store)
+    with Runtime(store=frozen_store, tools=[gate.tool()], lease_ttl=0.3) as zombie:
+        handle = zombie.start("t", agent=two_step_agent())
+        gate.wait_started()
+        wait_event(handle, EventKind.CHECKPOINT)
+        frozen_store.flush()
+        renewals.frozen.set()  # the zombie stops renewing, as a frozen process would
+        until_expired(frozen_store, handle.run_id)
+        with Runtime(store=SqliteStore(path), tools=[gate.tool()]) as owner:
+            adopted = owner.resume(handle.run_id, agent=two_step_agent())
+            # The zombie's call returns now: its result must not land, nothing may start.
+            gate.release()
+            with pytest.raises(SteerableError) as info:
+                handle.result(WAIT)
+            assert info.value.code is ErrorCode.RUN_OWNED
+            assert wait_event(handle, EventKind.LEASE_LOST).data["epoch"] == 1
+            outcome = adopted.result(WAIT)
+            assert outcome.state is RunState.FINISHED
+            renewals.thaw()
+    zombie_calls = [c for c in gate.contexts if c.run_id == handle.run_id]
+    # The zombie started c1.0 only. The new owner re-ran it (the zombie's result was refused)
+    # and its agent planned two more: one c2.0 in all, so the zombie never started its next.
+    assert [c.call_id for c in zombie_calls] == ["c1.0", "c1.0", "c2.0", "c3.0"]
+    store = SqliteStore(path)
+    try:
+        lease = store.lease(handle.run_id)
+        assert lease is not None
+        assert lease.epoch == 2
+        assert store.load(handle.run_id).snapshot.state is RunState.FINISHED
+    finally:
+        store.close()
+
+
+def test_shutdown_releases_leases_so_another_runtime_resumes_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    gate = Gate()
+    first = Runtime(store=SqliteStore(path), tools=[gate.tool()], lease_ttl=60.0)
+    handle = first.start("t", agent=two_step_agent())
+    gate.wait_started()
+    wait_event(handle, EventKind.CHECKPOINT)
+    gate.release()
+    first.shutdown(cancel_runs=False)
+    with Runtime(store=SqliteStore(path), tools=[gate.tool()], lease_ttl=60.0) as second:
+        outcome = second.resume(handle.run_id, agent=two_step_agent()).result(WAIT)
+    assert outcome.state in {RunState.FINISHED}
+
+
+def test_adopt_orphans_resumes_released_runs_of_registered_agents(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "runs.db"
+    gate = Gate()
+    first = Runtime(store=SqliteStore(path), tools=[gate.tool()])
+    known = first.start("t", agent=two_step_agent("worker"))
+    unknown = first.start("t", agent=two_step_agent("stranger"))
+    gate.wait_started(2)
+    wait_event(known, EventKind.CHECKPOINT)
+    wait_event(unknown, EventKind.CHECKPOINT)
+    gate.release()
+    first.shutdown(cancel_runs=False)
+    adopted = threading.Event()
+
+    def seen(record: logging.LogRecord) -> bool:
+        if "run_adopted" in record.getMessage():
+            adopted.set()
+        return True
+
+    logger = logging.getLogger("steerable")
+    handler = logging.Handler()
+    handler.emit = seen  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    caplog.set_level(logging.INFO, logger="steerable")
+    try:
+        with Runtime(
+            store=SqliteStore(path),
+            tools=[gate.tool()],
+            agents={"worker": two_step_agent("worker")},
+            adopt_orphans=True,
+            lease_ttl=0.3,
+        ) as second:
+            assert adopted.wait(WAIT)
+            outcome = second.handle(known.run_id).result(WAIT)
+            assert outcome.state is RunState.FINISHED
+            assert unknown.run_id in second.unfinished()
+    finally:
+        logger.removeHandler(handler)
+    assert any(
+        "orphan_not_adopted" in r.getMessage() and unknown.run_id in r.getMessage()
+        for r in caplog.records
+    )
