@@ -52,9 +52,11 @@ CREATE TABLE events (
     run_id TEXT NOT NULL, seq INTEGER NOT NULL, event BLOB NOT NULL, crc INTEGER NOT NULL,
     PRIMARY KEY (run_id, seq)) WITHOUT ROWID;
 ALTER TABLE inbox ADD COLUMN message_id TEXT;
+ALTER TABLE revisions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
 CREATE UNIQUE INDEX inbox_message_id ON inbox (run_id, message_id) WHERE message_id IS NOT NULL;
 """
-"""Schema 2 (ownership): leases with epochs, stored events, caller-chosen message ids."""
+"""Schema 2 (ownership): leases with epochs (each revision records the epoch that wrote it),
+stored events, caller-chosen message ids."""
 
 _MIGRATIONS: dict[int, str] = {2: _V2}
 """Forward migrations: version -> the script that brings version - 1 to it."""

@@ -427,9 +427,12 @@ class SqliteStore(CheckpointStore):
                 (snapshot["state"], revision, snapshot["updated_at"], run_id),
             )
         blob = encode_body("snapshot", dynamic)
+        with self._held_lock:
+            held = self._held.get(run_id)
         conn.execute(
-            "INSERT OR REPLACE INTO revisions VALUES (?,?,?,?)",
-            (run_id, revision, blob, _crc(blob)),
+            "INSERT OR REPLACE INTO revisions (run_id, revision, snapshot, crc, epoch) "
+            "VALUES (?,?,?,?,?)",
+            (run_id, revision, blob, _crc(blob), 0 if held is None else held[1]),
         )
         if entries:
             conn.execute("DELETE FROM entries WHERE run_id=? AND idx>=?", (run_id, entries_from))

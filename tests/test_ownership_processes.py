@@ -1,0 +1,204 @@
+"""Ownership across real processes on one SQLite file (docs/durability.md, "Ownership").
+
+Each scenario starts driver processes (tests/crash_drivers/owner_driver.py) and talks to them
+over pipes: they report facts line by line, and the test SIGKILLs, SIGSTOPs and SIGCONTs them
+on those facts, never on a guess of time. The checks, for every run: one owner at a time
+(each run resumed once), the (revision, epoch) sequence stored is monotonic, no tool started
+by a fenced-out process after the takeover, every `write` effect at most once per key.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from steerable.actors import SqliteStore
+from steerable.protocol import RunState
+
+DRIVER = Path(__file__).parent / "crash_drivers" / "owner_driver.py"
+WAIT = 60.0  # fail-instead-of-hang bound for one expected line
+TTL = 1.0
+
+
+class Driver:
+    """One driver process and its line protocol."""
+
+    def __init__(self, work: Path, role: str, *extra: str, ttl: float = TTL) -> None:
+        self._log = open(work / f"{role}-{id(self)}.log", "w", encoding="utf-8")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(DRIVER),
+                str(work / "runs.db"),
+                str(work / "journal.txt"),
+                str(ttl),
+                role,
+                *extra,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+        self.pid = self.proc.pid
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.strip())
+        self.lines.put(None)
+
+    def expect(self, first: str) -> list[str]:
+        """Lines until one starting with `first` (returned split; earlier ones kept in seen)."""
+        while True:
+            line = self.lines.get(timeout=WAIT)
+            assert line is not None, f"driver {self.pid} exited; saw {self.seen}"
+            self.seen.append(line)
+            if line.split()[0] == first:
+                return line.split()
+
+    def tell(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(WAIT)
+        self._reader.join(WAIT)
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+        self._log.close()
+
+
+def journal(work: Path) -> list[tuple[int, str, str, str, str, float]]:
+    path = work / "journal.txt"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        pid, run_id, tool, call_id, key, at = line.split()
+        out.append((int(pid), run_id, tool, call_id, key, float(at)))
+    return out
+
+
+def check_store(work: Path, run_ids: list[str]) -> None:
+    """Every run finished; (revision, epoch) monotonic; effects at most once per key."""
+    store = SqliteStore(work / "runs.db")
+    try:
+        for run_id in run_ids:
+            assert store.load(run_id).snapshot.state is RunState.FINISHED, run_id
+    finally:
+        store.close()
+    conn = sqlite3.connect(work / "runs.db")
+    try:
+        for run_id in run_ids:
+            rows = conn.execute(
+                "SELECT revision, epoch FROM revisions WHERE run_id=? ORDER BY revision",
+                (run_id,),
+            ).fetchall()
+            epochs = [epoch for _, epoch in rows]
+            assert epochs == sorted(epochs), f"{run_id}: epochs not monotonic {rows}"
+    finally:
+        conn.close()
+    effects = (work / "journal.txt.effects").read_text(encoding="utf-8").split("\n")
+    keys = Counter(line.split()[0] for line in effects if line)
+    assert all(n == 1 for n in keys.values()), keys
+    assert sum(keys.values()) == 2 * len(run_ids)  # two writes per run, each once
+
+
+def seed(work: Path, runs: int) -> tuple[Driver, list[str]]:
+    """A process that starts `runs` runs, each held in its first call."""
+    owner = Driver(work, "start", str(runs))
+    run_ids = [owner.expect("run")[1] for _ in range(runs)]
+    owner.expect("ready")
+    return owner, run_ids
+
+
+def test_four_processes_resuming_unfinished_resume_each_run_exactly_once(
+    tmp_path: Path,
+) -> None:
+    owner, run_ids = seed(tmp_path, 8)
+    owner.close()  # SIGKILL: its leases are live, but its pid is gone
+    workers = [Driver(tmp_path, "resume") for _ in range(4)]
+    try:
+        for w in workers:
+            w.expect("up")
+        for w in workers:  # as close to together as a parent can make them
+            w.tell("go")
+        for w in workers:
+            w.expect("done")
+        resumed = [line.split()[1] for w in workers for line in w.seen if line[:7] == "resumed"]
+        assert sorted(resumed) == sorted(run_ids), [w.seen for w in workers]
+        for w in workers:
+            ended = [line.split() for line in w.seen if line.startswith("ended")]
+            assert all(state == "finished" for _, _, state in ended), w.seen
+    finally:
+        for w in workers:
+            w.close()
+    check_store(tmp_path, run_ids)
+
+
+def test_a_killed_owners_runs_are_adopted_within_the_lease_ttl(tmp_path: Path) -> None:
+    owner, run_ids = seed(tmp_path, 3)
+    adopter = Driver(tmp_path, "adopt")
+    try:
+        adopter.expect("up")
+        owner.signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        owner.close()
+        adopted = {}
+        for _ in run_ids:
+            _, run_id, at = adopter.expect("adopted")
+            adopted[run_id] = float(at) - killed_at
+        assert sorted(adopted) == sorted(run_ids)
+        interval = TTL / 3
+        assert max(adopted.values()) <= TTL + interval + 0.5, adopted
+        for _ in run_ids:
+            adopter.expect("ended")
+    finally:
+        adopter.close()
+    check_store(tmp_path, run_ids)
+
+
+def test_a_frozen_owner_is_fenced_out_and_lands_nothing_after_it_thaws(tmp_path: Path) -> None:
+    owner, run_ids = seed(tmp_path, 2)
+    adopter = Driver(tmp_path, "adopt")
+    try:
+        adopter.expect("up")
+        owner.signal(signal.SIGSTOP)  # frozen with its calls in flight, its lease running out
+        stopped_at = time.monotonic()
+        adopted_at = []
+        for _ in run_ids:
+            adopted_at.append(float(adopter.expect("adopted")[2]))
+        assert min(adopted_at) - stopped_at >= TTL * 0.5  # a live (frozen) owner is waited out
+        for _ in run_ids:
+            assert adopter.expect("ended")[2] == "finished"
+        owner.signal(signal.SIGCONT)
+        owner.tell("release")  # the zombie's calls return: it must write and start nothing
+        for _ in run_ids:
+            owner.expect("lost")
+    finally:
+        owner.close()
+        adopter.close()
+    takeover = min(adopted_at)
+    late = [entry for entry in journal(tmp_path) if entry[0] == owner.pid and entry[5] >= takeover]
+    assert late == [], f"the zombie started tools after the takeover: {late}"
+    check_store(tmp_path, run_ids)
