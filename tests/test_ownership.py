@@ -19,7 +19,15 @@ import pytest
 from steerable.actors import CheckpointStore, MemoryStore, Runtime, SqliteStore
 from steerable.actors._stores.lease import Owner
 from steerable.actors.testing import Gate, ScriptedAgent, call, plan, wait_event
-from steerable.protocol import ErrorCode, EventKind, Finish, RunState, SteerableError, ToolResult
+from steerable.protocol import (
+    ErrorCode,
+    EventKind,
+    Finish,
+    RunEvent,
+    RunState,
+    SteerableError,
+    ToolResult,
+)
 
 if TYPE_CHECKING:  # mypy resolves the kit as tests.test_stores (explicit package bases)
     from tests.test_stores import snapshot
@@ -298,32 +306,26 @@ def test_adopt_orphans_resumes_released_runs_of_registered_agents(
     wait_event(unknown, EventKind.CHECKPOINT)
     gate.release()
     first.shutdown(cancel_runs=False)
-    adopted = threading.Event()
-
-    def seen(record: logging.LogRecord) -> bool:
-        if "run_adopted" in record.getMessage():
-            adopted.set()
-        return True
-
-    logger = logging.getLogger("steerable")
-    handler = logging.Handler()
-    handler.emit = seen  # type: ignore[method-assign]
-    logger.addHandler(handler)
     caplog.set_level(logging.INFO, logger="steerable")
-    try:
-        with Runtime(
-            store=SqliteStore(path),
-            tools=[gate.tool()],
-            agents={"worker": two_step_agent("worker")},
-            adopt_orphans=True,
-            lease_ttl=0.3,
-        ) as second:
-            assert adopted.wait(WAIT)
-            outcome = second.handle(known.run_id).result(WAIT)
-            assert outcome.state is RunState.FINISHED
-            assert unknown.run_id in second.unfinished()
-    finally:
-        logger.removeHandler(handler)
+    finished: list[str] = []
+    ended = threading.Event()
+
+    def on_finish(event: RunEvent) -> None:
+        finished.append(event.run_id)
+        ended.set()
+
+    with Runtime(
+        store=SqliteStore(path),
+        tools=[gate.tool()],
+        agents={"worker": two_step_agent("worker")},
+        adopt_orphans=True,
+        lease_ttl=0.9,
+    ) as second:
+        second.on("on_finish", on_finish)  # the first adoption pass is ttl / 3 away
+        assert ended.wait(WAIT)
+        assert finished == [known.run_id]
+        assert second.store.load(known.run_id).snapshot.state is RunState.FINISHED
+        assert unknown.run_id in second.unfinished()
     assert any(
         "orphan_not_adopted" in r.getMessage() and unknown.run_id in r.getMessage()
         for r in caplog.records
