@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from steerable.actors import CheckpointStore, MemoryStore, Runtime, SqliteStore
+from steerable.actors import CheckpointStore, MemoryStore, Runtime, SqliteStore, tool
 from steerable.actors._stores.lease import Owner
 from steerable.actors.testing import Gate, ScriptedAgent, call, plan, wait_event
 from steerable.protocol import (
+    AskUser,
     ErrorCode,
     EventKind,
     Finish,
@@ -304,8 +305,8 @@ def test_adopt_orphans_resumes_released_runs_of_registered_agents(
     gate.wait_started(2)
     wait_event(known, EventKind.CHECKPOINT)
     wait_event(unknown, EventKind.CHECKPOINT)
-    gate.release()
-    first.shutdown(cancel_runs=False)
+    first.shutdown(timeout=1.0, cancel_runs=False)  # parked mid-call: the runs are orphans
+    gate.release()  # the abandoned calls return (and the adopter's calls pass at once)
     caplog.set_level(logging.INFO, logger="steerable")
     finished: list[str] = []
     ended = threading.Event()
@@ -330,3 +331,97 @@ def test_adopt_orphans_resumes_released_runs_of_registered_agents(
         "orphan_not_adopted" in r.getMessage() and unknown.run_id in r.getMessage()
         for r in caplog.records
     )
+
+
+# ---------------------------------------------------------------------- run-addressed operations
+
+
+def asking_agent(name: str = "asker") -> ScriptedAgent:
+    """Asks the user until it was given a message, then finishes with the messages."""
+    return ScriptedAgent(
+        [],
+        then=lambda view: (
+            Finish(output=[m.content for m in view.delivered])
+            if view.delivered
+            else AskUser(question="anything?")
+        ),
+        name=name,
+    )
+
+
+def test_send_cancel_and_state_reach_a_run_another_runtime_owns(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    with (
+        Runtime(store=SqliteStore(path)) as owner,
+        Runtime(store=SqliteStore(path)) as other,
+    ):
+        handle = owner.start("t", agent=asking_agent())
+        wait_event(handle, EventKind.CHECKPOINT, lambda e: handle.state is RunState.WAITING)
+        owner.store.flush()
+        assert other.state(handle.run_id) is RunState.WAITING
+        sent_at = time.monotonic()
+        seq = other.send(handle.run_id, "from elsewhere", message_id="m-1")
+        assert other.send(handle.run_id, "from elsewhere", message_id="m-1") == seq  # once
+        outcome = other.outcome(handle.run_id, WAIT)
+        assert time.monotonic() - sent_at < WAIT
+        assert outcome.state is RunState.FINISHED
+        assert outcome.output == ["from elsewhere"]
+        assert handle.result(WAIT).output == ["from elsewhere"]
+        with pytest.raises(SteerableError) as ended:
+            other.send(handle.run_id, "too late")
+        assert ended.value.code is ErrorCode.RUN_ENDED
+        assert other.cancel(handle.run_id, "late") is False
+        with pytest.raises(SteerableError) as unknown:
+            other.send("run_unknown", "hello")
+        assert unknown.value.code is ErrorCode.NOT_FOUND
+
+        second = owner.start("t", agent=asking_agent())
+        wait_event(second, EventKind.CHECKPOINT, lambda e: second.state is RunState.WAITING)
+        owner.store.flush()
+        assert other.cancel(second.run_id, "from elsewhere") is True
+        assert second.result(WAIT).state is RunState.CANCELLED
+
+
+def test_approve_and_deny_reach_a_run_another_runtime_owns(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+
+    @tool(requires_approval=True)
+    def publish(text: str) -> str:
+        return f"published {text}"
+
+    agent = ScriptedAgent(
+        [plan(call("publish", text="a"), call("publish", text="b"))],
+        then=lambda view: Finish(output=[(r.ok, r.value) for r in view.last_results]),
+    )
+    with (
+        Runtime(store=SqliteStore(path), tools=[publish]) as owner,
+        Runtime(store=SqliteStore(path), tools=[publish]) as other,
+    ):
+        handle = owner.start("t", agent=agent)
+        wait_event(handle, EventKind.APPROVAL_REQUESTED, lambda e: e.data["call_id"] == "c1.1")
+        wait_event(handle, EventKind.CHECKPOINT, lambda e: len(handle.pending_approvals()) == 2)
+        owner.store.flush()
+        pending = other.pending_approvals(handle.run_id)
+        assert [p.call_id for p in pending] == ["c1.0", "c1.1"]
+        assert other.approve(handle.run_id, "c1.0") is True
+        assert other.deny(handle.run_id, "c1.1", "no") is True
+        assert other.approve(handle.run_id, "nope") is False
+        outcome = handle.result(WAIT)
+        assert outcome.output[0] == [True, "published a"]
+        assert outcome.output[1][0] is False
+
+
+def test_a_message_to_a_run_nobody_holds_is_delivered_when_it_is_resumed(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "runs.db"
+    first = Runtime(store=SqliteStore(path))
+    handle = first.start("t", agent=asking_agent())
+    wait_event(handle, EventKind.CHECKPOINT, lambda e: handle.state is RunState.WAITING)
+    first.shutdown(cancel_runs=False)  # parked, its lease released
+    with Runtime(store=SqliteStore(path)) as sender:
+        seq = sender.send(handle.run_id, "while parked")
+        assert seq >= 0
+    with Runtime(store=SqliteStore(path)) as later:
+        outcome = later.resume(handle.run_id, agent=asking_agent()).result(WAIT)
+    assert outcome.output == ["while parked"]

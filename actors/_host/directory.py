@@ -220,8 +220,17 @@ class RunDirectory:
 
     # ------------------------------------------------------------------ messages
 
-    def post(self, cell: RunCell, build: Callable[[int], HostMessage]) -> HostMessage:
-        """Accept a host message: assign its seq, store it, deliver or wake (in seq order)."""
+    def post(
+        self,
+        cell: RunCell,
+        build: Callable[[int], HostMessage],
+        store_it: Callable[[HostMessage], None] | None = None,
+    ) -> HostMessage:
+        """Accept a host message: assign its seq, store it, deliver or wake (in seq order).
+
+        `store_it` stores the message instead of `append_message` (an operation another
+        process stored for this run, taken into the inbox in one transaction).
+        """
         entry = self.get(cell.run_id)
         if entry is None:
             raise ended_error(cell.run_id, "is not live")
@@ -238,7 +247,10 @@ class RunDirectory:
             )
 
         def deliver(message: HostMessage) -> None:
-            store.append_message(cell.run_id, message)  # stored before send() returns
+            if store_it is None:
+                store.append_message(cell.run_id, message)  # stored before send() returns
+            else:
+                store_it(message)
             ref = entry.ref
             if ref is None:
                 self._wake(entry)  # the stored message is among those the wake applies

@@ -37,6 +37,7 @@ from steerable.actors._tools.tool import Tool, tool
 from steerable.protocol import (
     AgentError,
     AgentSpec,
+    ApprovalRequest,
     CapabilitySnapshot,
     Compatibility,
     ErrorCode,
@@ -46,6 +47,7 @@ from steerable.protocol import (
     RunConfig,
     RunEvent,
     RunOutcome,
+    RunState,
     SteerableError,
     SteeringMode,
     new_run_id,
@@ -54,10 +56,11 @@ from steerable.protocol import (
 
 from .cell import RunCell
 from .directory import RunDirectory, RunEntry
-from .events import EventLog
+from .events import EventLog, EventStream
 from .handle import RunHandle
 from .jobs import Accept
 from .leases import LeaseKeeper
+from .remote import RemoteOps, WakeWatcher
 from .runtrees import RunTree, build_tree, check_compatible, start_child
 from .supervisor import Begin, CancelNow, LeaseLost, LeaseRenewed, RunSupervisor
 
@@ -210,6 +213,12 @@ class Runtime:
         )
         self.services.lease_lost = self._lease_lost
         self.services.poke_leases = self.leases.poke
+        self.remote = RemoteOps(self.directory, self._cancel_now, self.clock.wall)
+        self._watcher = (
+            WakeWatcher(self.store, self.remote.pickup)
+            if callable(getattr(self.store, "change_counter", None))
+            else None
+        )
         dispatcher.start()
         timer.start()
         pool.start()
@@ -340,9 +349,20 @@ class Runtime:
             return self._settled(stored)
         cell = self._cell_of(stored)
         self.leases.claim(cell)  # run_owned if another live runtime holds it
+        self._absorb(run_id)
         return self._resume_claimed(
             cell, agent, accept, hooks, compatibility, tools, override=override
         )
+
+    def _absorb(self, run_id: str) -> None:
+        """Operations stored for the run while another owner held it enter its inbox now."""
+        absorb = getattr(self.store, "absorb_ops", None)
+        if absorb is not None:
+            try:
+                absorb(run_id)
+            except BaseException:
+                self.leases.release(run_id)
+                raise
 
     def _cell_of(self, stored: StoredRun) -> RunCell:
         snap = stored.snapshot
@@ -451,6 +471,129 @@ class Runtime:
         )
         return RunHandle(self, entry.cell)
 
+    # ------------------------------------------------------------------ run-addressed
+
+    def send(
+        self,
+        run_id: str,
+        content: str,
+        mode: SteeringMode | str | None = None,
+        message_id: str | None = None,
+        *,
+        timeout: float = 10.0,
+    ) -> int:
+        """Send a user message to a run wherever it lives; returns its inbox `seq`.
+
+        A run that lives here gets `handle.send`. For a run in another process the message is
+        stored first, then this waits (up to `timeout`) for its owner to give it a seq; a run
+        nobody holds gets it stored in its inbox for its next owner. `message_id` makes a
+        retried send one message (for a run elsewhere; see docs/durability.md).
+
+        Raises:
+            SteerableError: `not_found` (unknown run), `run_ended` (terminal run).
+            ValueError: as `RunHandle.send`.
+            TimeoutError: the owner did not take it within `timeout` (it stays stored).
+        """
+        entry = self.directory.get(run_id)
+        if entry is not None:
+            return RunHandle(self, entry.cell).send(content, mode)
+        try:
+            steering = SteeringMode(mode) if mode is not None else SteeringMode.QUEUE
+        except ValueError:
+            raise ValueError(f"mode must be 'queue' or 'interrupt', not {mode!r}") from None
+        if not isinstance(content, str):
+            raise TypeError(f"content must be a str, not {type(content).__name__}")
+        content.encode("utf-8")
+        message = self.remote.user_message(content, steering)
+        seq = self.remote.submit(run_id, message, message_id, timeout)
+        if seq < 0:
+            raise RemoteOps.ended(run_id, RunState.FINISHED)
+        return seq
+
+    def cancel(self, run_id: str, reason: str = "cancelled", *, timeout: float = 10.0) -> bool:
+        """Cancel a run wherever it lives; False if it is terminal or already cancelling.
+
+        Raises:
+            SteerableError: `not_found` for an unknown run.
+        """
+        entry = self.directory.get(run_id)
+        if entry is not None:
+            return RunHandle(self, entry.cell).cancel(reason)
+        try:
+            seq = self.remote.submit(run_id, self.remote.cancel_request(reason), None, timeout)
+        except SteerableError as exc:
+            if exc.code is ErrorCode.RUN_ENDED:
+                return False
+            raise
+        return seq >= 0
+
+    def approve(self, run_id: str, call_id: str, *, timeout: float = 10.0) -> bool:
+        """Approve a pending call of a run wherever it lives; True if it settled one."""
+        return self._decide(run_id, call_id, True, "", timeout)
+
+    def deny(self, run_id: str, call_id: str, reason: str = "", *, timeout: float = 10.0) -> bool:
+        """Deny a pending call of a run wherever it lives; True if it settled one."""
+        return self._decide(run_id, call_id, False, reason, timeout)
+
+    def _decide(
+        self, run_id: str, call_id: str, approved: bool, reason: str, timeout: float
+    ) -> bool:
+        entry = self.directory.get(run_id)
+        if entry is not None:
+            handle = RunHandle(self, entry.cell)
+            return handle.approve(call_id) if approved else handle.deny(call_id, reason)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, not {type(reason).__name__}")
+        try:
+            if call_id not in {a.call_id for a in self.remote.pending_approvals(run_id)}:
+                return False
+            decision = self.remote.decision(call_id, approved, reason)
+            return self.remote.submit(run_id, decision, None, timeout) >= 0
+        except SteerableError as exc:
+            if exc.code is ErrorCode.RUN_ENDED:
+                return False
+            raise
+
+    def pending_approvals(self, run_id: str) -> list[ApprovalRequest]:
+        """The calls of a run (wherever it lives) waiting for a person's approval."""
+        entry = self.directory.get(run_id)
+        if entry is not None:
+            return entry.cell.pending_approvals()
+        return self.remote.pending_approvals(run_id)
+
+    def state(self, run_id: str) -> RunState:
+        """A run's state: live here, else as last stored.
+
+        Raises:
+            SteerableError: `not_found` for an unknown run.
+        """
+        entry = self.directory.get(run_id)
+        if entry is not None:
+            return entry.cell.state
+        return self.store.load(run_id).snapshot.state
+
+    def outcome(self, run_id: str, timeout: float | None = None) -> RunOutcome:
+        """Wait for a run's outcome wherever it lives (following the store for a run
+        elsewhere).
+
+        Raises:
+            TimeoutError: not terminal within `timeout`.
+            SteerableError: `not_found`; `run_owned` if this runtime lost it to another.
+        """
+        entry = self.directory.get(run_id)
+        if entry is not None:
+            return RunHandle(self, entry.cell).result(timeout)
+        return self.remote.stored_outcome(run_id, timeout)
+
+    def events(self, run_id: str, start: int = 0, timeout: float | None = None) -> EventStream:
+        """The events of a run that lives here, from seq `start` (as `handle.events()`).
+
+        Raises:
+            SteerableError: `not_found` for a run that does not live in this runtime (stored
+                events are not kept yet: docs/durability.md).
+        """
+        return self.handle(run_id).events(start, timeout)
+
     def replay(self, run_id: str, revision: int | None = None) -> Replay:
         """A run's transcript and events up to `revision` (default: the latest), read-only.
 
@@ -537,6 +680,8 @@ class Runtime:
                 return []
             self._closed = True
         deadline = self.clock.now() + timeout
+        if self._watcher is not None:  # operations stored from now on wait for the next owner
+            self._watcher.stop(timeout=max(0.1, deadline - self.clock.now()))
         live = self.directory.entries()
         if cancel_runs:
             for entry in live:
@@ -689,6 +834,7 @@ class Runtime:
                 stored = self.store.load(lease.run_id)
                 cell = self._cell_of(stored)
                 self.leases.claimed(cell, lease, started)
+                self._absorb(lease.run_id)
                 self._resume_claimed(
                     cell, self.agents[lease.agent], None, None, None, None, override=False
                 )

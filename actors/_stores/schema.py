@@ -53,10 +53,15 @@ CREATE TABLE events (
     PRIMARY KEY (run_id, seq)) WITHOUT ROWID;
 ALTER TABLE inbox ADD COLUMN message_id TEXT;
 ALTER TABLE revisions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE remote_ops (
+    op_id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, message_id TEXT,
+    message BLOB NOT NULL, crc INTEGER NOT NULL, seq INTEGER);
+CREATE INDEX remote_ops_open ON remote_ops (seq) WHERE seq IS NULL;
 CREATE UNIQUE INDEX inbox_message_id ON inbox (run_id, message_id) WHERE message_id IS NOT NULL;
 """
 """Schema 2 (ownership): leases with epochs (each revision records the epoch that wrote it),
-stored events, caller-chosen message ids."""
+stored events, caller-chosen message ids, and operations addressed to a run another process
+owns (`remote_ops`: the owner gives each its inbox seq, or refuses it with seq -1)."""
 
 _MIGRATIONS: dict[int, str] = {2: _V2}
 """Forward migrations: version -> the script that brings version - 1 to it."""

@@ -260,6 +260,10 @@ class SqliteStore(SqliteOwnership, CheckpointStore):
         if conn is not None:
             conn.close()
             self._local.conn = None
+        self._close_watch()
+
+    def _path_str(self) -> str:
+        return str(self.path)
 
     def _write_loop(self) -> None:
         conn = self._writer_conn

@@ -13,10 +13,12 @@ import socket
 import sqlite3
 import threading
 import time
+import zlib
 from collections.abc import Collection
 from typing import Any
 
-from steerable.protocol import RunState
+from steerable.protocol import AgentError, ErrorCode, HostMessage, RunState, SteerableError
+from steerable.protocol._codec import decode, encode
 
 from .lease import Lease, Owner, owner_gone, run_owned
 from .store import not_found
@@ -206,3 +208,175 @@ class SqliteOwnership:
         if row is None:
             return None
         return Lease(run_id, Owner(row[0], row[1], row[2]), row[3], row[4], row[5])
+
+    # ------------------------------------------------------------------ run-addressed ops
+
+    def submit_op(
+        self, run_id: str, message: HostMessage, message_id: str | None = None
+    ) -> tuple[int, int | None]:
+        """Store an operation for a run that does not live in this process.
+
+        A `message_id` already stored returns the first one's seq (even once the run ended).
+
+        If nobody holds the run's lease, the message goes straight into its inbox (the next
+        owner reads it when it claims the run); else it waits in `remote_ops` for the owner.
+
+        Returns:
+            (op id, inbox seq), the seq None while the owner has not taken it (-1: refused).
+
+        Raises:
+            SteerableError: `not_found`; `run_ended` if the run is terminal.
+        """
+        self.flush()
+        conn = self._transaction()
+        try:
+            row = conn.execute("SELECT state FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            if row is None:
+                raise not_found(run_id)
+            if message_id is not None:
+                dup = conn.execute(
+                    "SELECT seq FROM inbox WHERE run_id=? AND message_id=?", (run_id, message_id)
+                ).fetchone()
+                if dup is not None:
+                    conn.execute("COMMIT")
+                    return 0, int(dup[0])
+                dup = conn.execute(
+                    "SELECT op_id, seq FROM remote_ops WHERE run_id=? AND message_id=?",
+                    (run_id, message_id),
+                ).fetchone()
+                if dup is not None:
+                    conn.execute("COMMIT")
+                    return int(dup[0]), dup[1]
+            if RunState(row[0]).is_terminal:
+                raise SteerableError(
+                    AgentError.of(
+                        ErrorCode.RUN_ENDED,
+                        f"run {run_id} is {row[0]}; nothing more can be sent to it",
+                        run_id=run_id,
+                        state=row[0],
+                    )
+                )
+            lease = conn.execute(
+                "SELECT owner, host, pid, expires_at FROM leases WHERE run_id=?", (run_id,)
+            ).fetchone()
+            owned = (
+                lease is not None
+                and lease[3] > self._now()
+                and not owner_gone(Owner(lease[0], lease[1], lease[2]))
+            )
+            if owned:
+                blob = encode(message, kind="host_message")
+                cur = conn.execute(
+                    "INSERT INTO remote_ops (run_id, message_id, message, crc) VALUES (?,?,?,?)",
+                    (run_id, message_id, blob, zlib.crc32(blob)),
+                )
+                op_id, seq = int(cur.lastrowid or 0), None
+            else:
+                top = conn.execute(
+                    "SELECT MAX(seq) FROM inbox WHERE run_id=?", (run_id,)
+                ).fetchone()[0]
+                seq = (-1 if top is None else int(top)) + 1
+                blob = encode(message.model_copy(update={"seq": seq}), kind="host_message")
+                conn.execute(
+                    "INSERT INTO inbox (run_id, seq, message, crc, message_id) VALUES (?,?,?,?,?)",
+                    (run_id, seq, blob, zlib.crc32(blob), message_id),
+                )
+                op_id = 0
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return op_id, seq
+
+    def op_seq(self, op_id: int) -> int | None:
+        """The inbox seq the owner gave an operation (None: not yet; -1: refused)."""
+        row = (
+            self._reader().execute("SELECT seq FROM remote_ops WHERE op_id=?", (op_id,)).fetchone()
+        )
+        return None if row is None else row[0]
+
+    def open_ops(self, run_ids: Collection[str]) -> list[tuple[int, str, HostMessage, str | None]]:
+        """Operations waiting for their owner, oldest first: (op id, run id, message, id)."""
+        rows = (
+            self._reader()
+            .execute(
+                "SELECT op_id, run_id, message, crc, message_id FROM remote_ops "
+                "WHERE seq IS NULL ORDER BY op_id"
+            )
+            .fetchall()
+        )
+        out = []
+        for op_id, run_id, blob, crc, message_id in rows:
+            if run_id in run_ids and zlib.crc32(blob) == crc:
+                out.append((op_id, run_id, decode(blob, kind="host_message"), message_id))
+        return out
+
+    def settle_op(
+        self, op_id: int, run_id: str, message: HostMessage | None, message_id: str | None
+    ) -> None:
+        """The owner takes an operation into the inbox at `message.seq` (None: refuses it),
+        in one transaction; returns once committed."""
+        self._check_open()
+        conn = self._transaction()
+        try:
+            if message is None:
+                conn.execute("UPDATE remote_ops SET seq=-1 WHERE op_id=?", (op_id,))
+            else:
+                blob = encode(message, kind="host_message")
+                conn.execute(
+                    "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc, message_id) "
+                    "VALUES (?,?,?,?,?)",
+                    (run_id, message.seq, blob, zlib.crc32(blob), message_id),
+                )
+                conn.execute("UPDATE remote_ops SET seq=? WHERE op_id=?", (message.seq, op_id))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def absorb_ops(self, run_id: str) -> None:
+        """A new owner takes every waiting operation of a run into its inbox, in order."""
+        conn = self._transaction()
+        try:
+            rows = conn.execute(
+                "SELECT op_id, message, message_id FROM remote_ops "
+                "WHERE run_id=? AND seq IS NULL ORDER BY op_id",
+                (run_id,),
+            ).fetchall()
+            top = conn.execute("SELECT MAX(seq) FROM inbox WHERE run_id=?", (run_id,)).fetchone()
+            seq = (-1 if top[0] is None else int(top[0])) + 1
+            for op_id, blob, message_id in rows:
+                message = decode(blob, kind="host_message").model_copy(update={"seq": seq})
+                out = encode(message, kind="host_message")
+                conn.execute(
+                    "INSERT INTO inbox (run_id, seq, message, crc, message_id) VALUES (?,?,?,?,?)",
+                    (run_id, seq, out, zlib.crc32(out), message_id),
+                )
+                conn.execute("UPDATE remote_ops SET seq=? WHERE op_id=?", (seq, op_id))
+                seq += 1
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def change_counter(self) -> int:
+        """A number that changes when another connection commits (`PRAGMA data_version`).
+
+        Read on one dedicated connection by the runtime's wake thread (cheap: no I/O).
+        """
+        conn: sqlite3.Connection | None = self.__dict__.get("_watch_conn")
+        if conn is None:
+            conn = sqlite3.connect(self._path_str(), timeout=30.0, check_same_thread=False)
+            self.__dict__["_watch_conn"] = conn
+        return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def _path_str(self) -> str:
+        raise NotImplementedError
+
+    def _close_watch(self) -> None:
+        conn: sqlite3.Connection | None = self.__dict__.pop("_watch_conn", None)
+        if conn is not None:
+            conn.close()
