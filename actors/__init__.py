@@ -1,12 +1,13 @@
 """steerable.actors: everything that runs.
 
-The pykka actors (`RunSupervisor`, `ToolWorker`), the `Runtime` facade a host embeds, tools,
-stores and the CLI. Test helpers live in `steerable.actors.testing`.
+The pykka actors (`RunSupervisor`, `ChildRun` for subagents, `ToolWorker`), the `Runtime`
+facade a host embeds, tools, stores and the CLI. Test helpers live in `steerable.actors.testing`.
 """
 
 from ._engine.cancel import Cancelled, CancelScope
 from ._engine.clock import Clock, ManualClock, SystemClock
 from ._engine.pool import ToolWorker
+from ._host.childrun import ChildRun
 from ._host.events import EventStream
 from ._host.handle import RunHandle
 from ._host.runtime import Runtime, RunTree
@@ -26,6 +27,7 @@ __all__ = [
     "CancelScope",
     "Cancelled",
     "CheckpointStore",
+    "ChildRun",
     "Clock",
     "EventStream",
     "ManualClock",
