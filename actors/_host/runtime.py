@@ -21,7 +21,7 @@ from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import Dispatcher
 from steerable.actors._engine.pool import WorkerPool
 from steerable.actors._engine.timer import TimerService
-from steerable.actors._stores.replay import Replay, replay_of
+from steerable.actors._stores.replay import Replay, outcome_of, replay_of
 from steerable.actors._stores.store import CheckpointStore, MemoryStore, RevisionInfo
 from steerable.actors._tools.tool import Tool
 from steerable.protocol import (
@@ -42,7 +42,7 @@ from .factory import Agent, Hook, RunEntry, agent_name, as_tool
 from .handle import RunHandle
 from .host import RunHost
 from .jobs import Accept
-from .runtrees import RunTree, build_tree, check_compatible, outcome_of
+from .runtrees import RunTree, build_tree, check_compatible
 from .services import Services
 
 __all__ = ["Agent", "RunTree", "Runtime", "Services", "agent_name"]

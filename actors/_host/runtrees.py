@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from steerable.actors._engine.log import get_logger
 from steerable.actors._machine.effects import ChildJob
+from steerable.actors._stores.replay import outcome_of
 from steerable.actors._stores.store import CheckpointStore
 from steerable.protocol import (
     AgentError,
@@ -26,7 +27,7 @@ from .childrun import ChildLink
 from .directory import RunDirectory
 from .factory import RunEntry, RunFactory
 
-__all__ = ["RunTree", "build_tree", "check_compatible", "outcome_of", "start_child"]
+__all__ = ["RunTree", "build_tree", "check_compatible", "start_child"]
 
 _log = get_logger("steerable.runtime")
 
@@ -46,18 +47,6 @@ class RunTree:
         for child in self.children:
             out.extend(child.walk())
         return out
-
-
-def outcome_of(snap: RunSnapshot) -> RunOutcome:
-    """The outcome a terminal checkpoint records."""
-    return RunOutcome(
-        run_id=snap.run_id,
-        state=snap.state,
-        output=snap.output,
-        errors=snap.errors,
-        metrics=snap.metrics,
-        revision=snap.revision,
-    )
 
 
 def build_tree(store: CheckpointStore, directory: RunDirectory, run_id: str) -> RunTree:
