@@ -29,6 +29,7 @@ from steerable.actors import Runtime, SqliteStore, Tool, ToolContext, tool
 from steerable.actors._engine.mux import Dispatcher, MuxActor
 from steerable.actors.testing import Gate, ScriptedAgent, call, plan, wait_event, wait_state
 from steerable.protocol import (
+    ApprovalDecision,
     AskUser,
     Compatibility,
     ErrorCode,
@@ -729,3 +730,41 @@ def test_a_newer_format_version_fails_loudly(tmp_path: Path) -> None:
         wait_state(handle, RunState.WAITING)
         handle.send("go")
         assert handle.result(timeout=WAIT).state is RunState.FINISHED
+
+
+def test_an_approval_stored_before_the_stop_is_not_pending_after_resume(tmp_path: Path) -> None:
+    # The decision was accepted (stored) but the run stopped before applying it: the resumed
+    # run applies it, so the table resume() fills must not offer the call again.
+    db = tmp_path / "runs.db"
+    recorder = Recorder()
+    agent = ScriptedAgent([Plan(steps=[ToolCall(name="pay", arguments={"q": "x"})])], name="a")
+    rt = Runtime(store=SqliteStore(db), tools=recorder.tools)
+    try:
+        handle = rt.start("t", agent=agent)
+        wait_event(handle, EventKind.APPROVAL_REQUESTED)
+        (request,) = handle.pending_approvals()
+    finally:
+        rt.shutdown(cancel_runs=False)
+    store = SqliteStore(db)
+    try:
+        store.append_message(
+            handle.run_id, ApprovalDecision(seq=0, call_id=request.call_id, approved=True)
+        )
+    finally:
+        store.close()
+    agent2 = ScriptedAgent([], then=Finish(output="ok"), name="a")
+    with Runtime(store=SqliteStore(db), tools=recorder.tools) as rt2:
+        entered, release = threading.Event(), threading.Event()
+        stall = Stall.start(dispatcher=rt2.services.dispatcher, entered=entered, release=release)
+        try:
+            stall.tell("hold")
+            assert entered.wait(WAIT)
+            resumed = rt2.resume(handle.run_id, agent=agent2)
+            assert resumed.pending_approvals() == []
+            assert resumed.approve(request.call_id) is False
+        finally:
+            release.set()
+            stall.stop()
+        outcome = resumed.result(timeout=WAIT)
+    assert outcome.state is RunState.FINISHED
+    assert [c[:2] for c in recorder.calls] == [("pay", request.call_id)]  # once

@@ -20,6 +20,7 @@ from steerable.actors._tools.tool import Tool, tool
 from steerable.protocol import (
     AgentError,
     AgentSpec,
+    ApprovalDecision,
     ApprovalRequest,
     CapabilitySnapshot,
     Compatibility,
@@ -334,8 +335,12 @@ class RunFactory:
             machine._deadline_left = max(0.0, entry.deadline - self.services.clock.now())
         if not launch.wake:
             # The host may approve as soon as resume() or fork() returns, before the run
-            # announces its approvals again: the table is filled here, from the restored plan.
+            # announces its approvals again: the table is filled here, from the restored plan
+            # (less the calls a decision stored after the checkpoint answers already).
+            answered = {m.call_id for m in launch.begin.messages if isinstance(m, ApprovalDecision)}
             for call in machine.pending_approvals():
+                if call.call_id in answered:
+                    continue
                 cell.approval_requested(
                     ApprovalRequest(
                         call_id=call.call_id,
