@@ -1,9 +1,10 @@
 """`Runtime`: the facade a host embeds. It owns the shared machinery and the live runs.
 
 One runtime holds one dispatcher (supervisors' threads), one timer thread, one worker pool
-for blocking user code, one hook worker, one lazily started asyncio loop, and a store. It
-keeps its own directory of runs and stops only what it started (docs/pykka.md T9): it never calls
-`ActorRegistry.stop_all()`.
+for blocking user code, a pool of `hook_workers` hook threads, one lazily started asyncio
+loop, and a store. Its `RunHost` keeps its own directory of runs; it stops only what it started
+(docs/pykka.md T9): it never calls `ActorRegistry.stop_all()`. Only `actors/__init__.py` and
+the CLI import this module (tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ class Runtime:
     def on(self, hook: HookName | str, callback: Hook) -> Callable[[], None]:
         """Register a lifecycle hook for runs started from now on; returns an unregister.
 
-        `callback(event)` runs on the hook worker (never on a supervisor), with the `RunEvent`
+        `callback(event)` runs on a hook worker (never on a supervisor), with the `RunEvent`
         of its moment; if it raises, the run records `hook_error` and goes on (R13).
         """
         name = HookName(hook)

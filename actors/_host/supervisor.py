@@ -346,7 +346,7 @@ class RunSupervisor(SteerableActor, MuxActor):
             handle.cancel()
 
     def emit(self, kind: EventKind, phase: Phase | None, data: dict[str, Any]) -> None:
-        """Append to the event stream; fire the hooks of this moment on the hook worker."""
+        """Append to the event stream; fire the hooks of this moment on a hook worker."""
         cell = self.cell
         if kind is EventKind.APPROVAL_REQUESTED:
             cell.approval_requested(
