@@ -7,6 +7,7 @@ stores and the CLI. Test helpers live in `steerable.actors.testing`.
 from ._engine.cancel import Cancelled, CancelScope
 from ._engine.clock import Clock, ManualClock, SystemClock
 from ._engine.pool import ToolWorker
+from ._host.agent import Agent
 from ._host.events import EventStream
 from ._host.handle import RunHandle
 from ._host.runtime import Runtime, RunTree
@@ -23,6 +24,7 @@ from ._tools.tool import (
 )
 
 __all__ = [
+    "Agent",
     "CancelScope",
     "Cancelled",
     "CheckpointStore",

@@ -45,11 +45,13 @@ from steerable.protocol import (
     new_trace_id,
 )
 
+from .agent import Agent, agent_name
 from .cell import RunCell
 from .directory import RunDirectory, RunEntry
 from .events import EventLog
 from .handle import RunHandle
 from .jobs import Accept
+from .offload import HostIO, async_form, in_thread
 from .runtrees import RunTree, build_tree, check_compatible, start_child
 from .supervisor import Begin, CancelNow, RunSupervisor
 
@@ -58,8 +60,6 @@ __all__ = ["Agent", "RunTree", "Runtime", "Services"]
 _log = get_logger("steerable.runtime")
 _CAPABILITY_CACHE = 1024  # distinct (agent, tool set) snapshots kept
 
-Agent = Any
-"""An agent: any object with `decide(view) -> Decision` (plain or async) and optional `name`."""
 
 Hook = Callable[[RunEvent], object]
 
@@ -81,12 +81,6 @@ class Services:
     start_child: Callable[[RunSupervisor, ChildJob], None]
     cancel_child: Callable[[str, str], None]
     agents: frozenset[str]
-
-
-def agent_name(agent: Agent) -> str:
-    """An agent's name: its `name` attribute, else its class name."""
-    name = getattr(agent, "name", None)
-    return name if isinstance(name, str) and name else type(agent).__name__
 
 
 def _as_tool(obj: Tool[Any, Any] | Callable[..., Any]) -> Tool[Any, Any]:
@@ -148,6 +142,8 @@ class Runtime:
         self._capabilities: dict[tuple[str, str, tuple[int, ...]], CapabilitySnapshot] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self.host_io: HostIO = HostIO()
+        """The threads of the async face (`astart`, `handle.asend`, ...)."""
         dispatcher = Dispatcher(threads=dispatcher_threads, name="steerable-dispatch")
         timer = TimerService(self.clock, name="steerable-timer")
         pool = WorkerPool(
@@ -443,14 +439,17 @@ class Runtime:
 
     # ------------------------------------------------------------------ shutdown
 
-    def shutdown(self, timeout: float = 5.0, *, cancel_runs: bool = True) -> list[str]:
+    def shutdown(self, timeout: float = 5.0, *, cancel_runs: bool | None = None) -> list[str]:
         """Stop every run and every thread this runtime started.
 
         Args:
             timeout: Seconds to wait in all (live runs to end, workers to finish).
-            cancel_runs: Cancel live runs (they end CANCELLED). If False, live runs are
-                stopped where they stand (resumable from their last checkpoint with a durable
-                store) and their handles' `result()` raises `SteerableError` (`run_ended`).
+            cancel_runs: True cancels live runs (they end CANCELLED). False parks them: they
+                stop where they stand, resumable from their last checkpoint by this or another
+                process (`rt.resume`), and their handles' `result()` raises `SteerableError`
+                (`run_ended`). Default: park when the store is durable (a routine deploy must
+                not cancel the runs waiting for a person), cancel with an in-memory store
+                (nothing could resume them).
 
         Returns:
             The names of threads still alive because their tool never returned (abandoned
@@ -460,7 +459,10 @@ class Runtime:
             if self._closed:
                 return []
             self._closed = True
+        if cancel_runs is None:
+            cancel_runs = not self.store.durable
         deadline = self.clock.now() + timeout
+        self.host_io.shutdown()
         live = self.directory.entries()
         if cancel_runs:
             for entry in live:
@@ -494,6 +496,26 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+    # ------------------------------------------------------------------ async face
+
+    astart = async_form(start, lambda rt: rt.host_io)
+    aresume = async_form(resume, lambda rt: rt.host_io)
+    afork = async_form(fork, lambda rt: rt.host_io)
+
+    async def ashutdown(
+        self, timeout: float = 5.0, *, cancel_runs: bool | None = None
+    ) -> list[str]:
+        """`shutdown`, awaitable: the joins happen on a thread of their own, off the loop."""
+        return await in_thread(
+            lambda: self.shutdown(timeout, cancel_runs=cancel_runs), "steerable-shutdown"
+        )
+
+    async def __aenter__(self) -> Runtime:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.ashutdown()
 
     # ------------------------------------------------------------------ internals
 
