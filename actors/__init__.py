@@ -7,6 +7,7 @@ facade a host embeds, tools, stores and the CLI. Test helpers live in `steerable
 from ._engine.cancel import Cancelled, CancelScope
 from ._engine.clock import Clock, ManualClock, SystemClock
 from ._engine.pool import ToolWorker
+from ._host.agent import Agent
 from ._host.childrun import ChildRun
 from ._host.events import EventStream
 from ._host.handle import RunHandle
@@ -24,6 +25,7 @@ from ._tools.tool import (
 )
 
 __all__ = [
+    "Agent",
     "CancelScope",
     "Cancelled",
     "CheckpointStore",

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from steerable.actors import Runtime, ToolContext, tool
+from steerable.actors import Agent, Runtime, ToolContext, tool
 from steerable.actors.testing import Gate, ScriptedAgent, wait_event, wait_state
 from steerable.protocol import (
     AgentError,
@@ -287,7 +287,7 @@ def test_a_failed_an_exhausted_and_a_cancelled_child_give_subagent_failed_and_th
         then=lambda view: Finish(output=[r.ok for r in view.last_results]),
         name="lead",
     )
-    agents = {
+    agents: dict[str, Agent] = {
         "crasher": Crasher(),
         "spender": Spender(),
         "victim": Researcher("victim", tool_name="wait"),

@@ -29,6 +29,7 @@ from steerable.protocol import (
 from .cell import RunCell
 from .factory import Launch, RunEntry, RunFactory
 from .messages import CancelNow, HostMsg, TimerFired
+from .offload import HostIO
 from .services import Parkable, Services
 
 __all__ = ["RunDirectory", "RunEntry"]
@@ -114,6 +115,11 @@ class RunDirectory:
             raise
 
     # ------------------------------------------------------------------ messages (RunPort)
+
+    @property
+    def host_io(self) -> HostIO:
+        """The async face's threads (owned by the services, joined at shutdown)."""
+        return self.services.host_io
 
     def wall(self) -> float:
         """Wall-clock seconds now."""

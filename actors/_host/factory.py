@@ -35,6 +35,7 @@ from steerable.protocol import (
     SubagentResult,
 )
 
+from .agent import Agent, agent_name
 from .cell import RunCell
 from .childrun import ChildLink, ChildRun
 from .jobs import Accept
@@ -47,16 +48,7 @@ __all__ = ["Agent", "Hook", "Launch", "RunEntry", "RunFactory", "agent_name", "a
 _log = get_logger("steerable.runtime")
 _CAPABILITY_CACHE = 1024  # distinct (agent, tool set) snapshots kept
 
-Agent = Any
-"""An agent: any object with `decide(view) -> Decision` (plain or async) and optional `name`."""
-
 Hook = Callable[[RunEvent], object]
-
-
-def agent_name(agent: Agent) -> str:
-    """An agent's name: its `name` attribute, else its class name."""
-    name = getattr(agent, "name", None)
-    return name if isinstance(name, str) and name else type(agent).__name__
 
 
 def as_tool(obj: Tool[Any, Any] | Callable[..., Any]) -> Tool[Any, Any]:

@@ -21,6 +21,7 @@ from steerable.protocol import (
 )
 
 from .events import EventStream
+from .offload import async_form
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -159,6 +160,13 @@ class RunHandle:
         """
         cell = self._cell
         return cell.events.stream(start, timeout, None if cell.owns_events else cell.run_id)
+
+    # ------------------------------------------------------------------ async face
+
+    asend = async_form(send, lambda handle: handle._port.host_io)
+    aapprove = async_form(approve, lambda handle: handle._port.host_io)
+    adeny = async_form(deny, lambda handle: handle._port.host_io)
+    acancel = async_form(cancel, lambda handle: handle._port.host_io)
 
     def __repr__(self) -> str:
         return f"<RunHandle {self.run_id} {self.state.value}>"

@@ -13,6 +13,7 @@ from steerable.protocol import HostMessage, SteeringMode
 
 if TYPE_CHECKING:
     from .cell import RunCell
+    from .offload import HostIO
 
 __all__ = ["RunPort"]
 
@@ -35,6 +36,11 @@ class RunPort(Protocol):
             SteerableError: `run_ended` if the run is not live; `resource_exhausted` if a
                 durable store has no revision of the run yet.
         """
+        ...
+
+    @property
+    def host_io(self) -> HostIO:
+        """Where the awaitable forms (`asend`, ...) run their blocking part."""
         ...
 
     def cancel_now(self, cell: RunCell, reason: str) -> None:

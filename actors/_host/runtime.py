@@ -43,6 +43,7 @@ from .factory import Agent, Hook, RunEntry, agent_name, as_tool
 from .handle import RunHandle
 from .host import RunHost
 from .jobs import Accept
+from .offload import HostIO, async_form, in_thread
 from .runtrees import RunTree, build_tree, check_compatible
 from .services import Services
 
@@ -130,6 +131,8 @@ class Runtime:
             passivate=passivate,
         )
         self.services: Services = self._host.services
+        self.host_io: HostIO = self.services.host_io
+        """The threads of the async face (`astart`, `handle.asend`, ...)."""
         self.directory = self._host.directory
         self._factory = self._host.factory
         dispatcher.start()
@@ -365,14 +368,17 @@ class Runtime:
 
     # ------------------------------------------------------------------ shutdown
 
-    def shutdown(self, timeout: float = 5.0, *, cancel_runs: bool = True) -> list[str]:
+    def shutdown(self, timeout: float = 5.0, *, cancel_runs: bool | None = None) -> list[str]:
         """Stop every run and every thread this runtime started.
 
         Args:
             timeout: Seconds to wait in all (live runs to end, workers to finish).
-            cancel_runs: Cancel live runs (they end CANCELLED). If False, live runs are
-                stopped where they stand (resumable from their last checkpoint with a durable
-                store) and their handles' `result()` raises `SteerableError` (`run_ended`).
+            cancel_runs: True cancels live runs (they end CANCELLED). False parks them: they
+                stop where they stand, resumable from their last checkpoint by this or another
+                process (`rt.resume`), and their handles' `result()` raises `SteerableError`
+                (`run_ended`). Default: park when the store is durable (a routine deploy must
+                not cancel the runs waiting for a person), cancel with an in-memory store
+                (nothing could resume them).
 
         Returns:
             The names of threads still alive because their tool never returned (abandoned
@@ -382,7 +388,10 @@ class Runtime:
             if self._closed:
                 return []
             self._closed = True
+        if cancel_runs is None:
+            cancel_runs = not self.store.durable
         deadline = self.clock.now() + timeout
+        self.host_io.shutdown()
         live = self.directory.entries()
         if cancel_runs:
             for entry in live:
@@ -416,6 +425,26 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+    # ------------------------------------------------------------------ async face
+
+    astart = async_form(start, lambda rt: rt.host_io)
+    aresume = async_form(resume, lambda rt: rt.host_io)
+    afork = async_form(fork, lambda rt: rt.host_io)
+
+    async def ashutdown(
+        self, timeout: float = 5.0, *, cancel_runs: bool | None = None
+    ) -> list[str]:
+        """`shutdown`, awaitable: the joins happen on a thread of their own, off the loop."""
+        return await in_thread(
+            lambda: self.shutdown(timeout, cancel_runs=cancel_runs), "steerable-shutdown"
+        )
+
+    async def __aenter__(self) -> Runtime:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.ashutdown()
 
     # ------------------------------------------------------------------ internals
 

@@ -7,7 +7,7 @@ directory and the factory can all hold the runtime's machinery without importing
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from steerable.actors._engine.aloop import AsyncRunner
@@ -17,6 +17,8 @@ from steerable.actors._engine.pool import WorkerPool
 from steerable.actors._engine.timer import TimerService
 from steerable.actors._machine.effects import ChildJob
 from steerable.actors._stores.store import CheckpointStore
+
+from .offload import HostIO
 
 if TYPE_CHECKING:
     from .cell import RunCell
@@ -89,3 +91,5 @@ class Services:
     agents: frozenset[str]
     """Names of the agents runs may start as subagents."""
     host: SupervisorHost
+    host_io: HostIO = field(default_factory=HostIO)
+    """The threads of the async face (`await rt.astart(...)`, `await handle.asend(...)`)."""
