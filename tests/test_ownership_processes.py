@@ -9,6 +9,7 @@ by a fenced-out process after the takeover, every `write` effect at most once pe
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import signal
 import sqlite3
@@ -77,9 +78,16 @@ class Driver:
         self.proc.send_signal(sig)
 
     def close(self) -> None:
+        """End the driver: closing its stdin shuts its runtime down (its writes flushed)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGKILL)
+            assert self.proc.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(WAIT)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(WAIT)
         self._reader.join(WAIT)
         for stream in (self.proc.stdin, self.proc.stdout):
@@ -136,7 +144,8 @@ def test_four_processes_resuming_unfinished_resume_each_run_exactly_once(
     tmp_path: Path,
 ) -> None:
     owner, run_ids = seed(tmp_path, 8)
-    owner.close()  # SIGKILL: its leases are live, but its pid is gone
+    owner.signal(signal.SIGKILL)  # its leases are live, but its pid is gone
+    owner.close()
     workers = [Driver(tmp_path, "resume") for _ in range(4)]
     try:
         for w in workers:
@@ -145,11 +154,19 @@ def test_four_processes_resuming_unfinished_resume_each_run_exactly_once(
             w.tell("go")
         for w in workers:
             w.expect("done")
-        resumed = [line.split()[1] for w in workers for line in w.seen if line[:7] == "resumed"]
-        assert sorted(resumed) == sorted(run_ids), [w.seen for w in workers]
+        resumed = {line.split()[1] for w in workers for line in w.seen if line[:7] == "resumed"}
+        assert resumed == set(run_ids), [w.seen for w in workers]
         for w in workers:
             ended = [line.split() for line in w.seen if line.startswith("ended")]
             assert all(state == "finished" for _, _, state in ended), w.seen
+        # One owner per run: "resumed" may also be said of a run another process had just
+        # finished (its handle is the stored outcome), but only one process ran its tools.
+        runners: dict[str, set[int]] = {}
+        for pid, run_id, *_ in journal(tmp_path):
+            if pid != owner.pid:
+                runners.setdefault(run_id, set()).add(pid)
+        assert sorted(runners) == sorted(run_ids)
+        assert all(len(pids) == 1 for pids in runners.values()), runners
     finally:
         for w in workers:
             w.close()

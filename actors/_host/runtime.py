@@ -1,18 +1,17 @@
 """`Runtime`: the facade a host embeds. It owns the shared machinery and the live runs.
 
 One runtime holds one dispatcher (supervisors' threads), one timer thread, one worker pool
-for blocking user code, one hook worker, one lazily started asyncio loop, and a store. It
-keeps its own directory of runs and stops only what it started (docs/pykka.md T9): it never calls
-`ActorRegistry.stop_all()`.
+for blocking user code, a pool of `hook_workers` hook threads, one lazily started asyncio
+loop, and a store. Its `RunHost` keeps its own directory of runs; it stops only what it started
+(docs/pykka.md T9): it never calls `ActorRegistry.stop_all()`. Only `actors/__init__.py` and
+the CLI import this module (tests/test_layers.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pykka
@@ -23,29 +22,23 @@ from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import Dispatcher
 from steerable.actors._engine.pool import WorkerPool
 from steerable.actors._engine.timer import TimerService
-from steerable.actors._machine.effects import ChildJob
-from steerable.actors._machine.machine import RunMachine
-from steerable.actors._stores.replay import Replay, replay_of
+from steerable.actors._stores.replay import Replay, outcome_of, replay_of
 from steerable.actors._stores.store import (
     CheckpointStore,
+    Lease,
     MemoryStore,
-    Owner,
     RevisionInfo,
     StoredRun,
 )
-from steerable.actors._tools.tool import Tool, tool
+from steerable.actors._tools.tool import Tool
 from steerable.protocol import (
     AgentError,
-    AgentSpec,
     ApprovalRequest,
-    CapabilitySnapshot,
     Compatibility,
     ErrorCode,
     ForkOrigin,
     HookName,
-    HostMessage,
     RunConfig,
-    RunEvent,
     RunOutcome,
     RunState,
     SteerableError,
@@ -55,59 +48,19 @@ from steerable.protocol import (
 )
 
 from .cell import RunCell
-from .directory import RunDirectory, RunEntry
 from .events import EventLog, EventStream
+from .factory import Agent, Hook, RunEntry, agent_name, as_tool
 from .handle import RunHandle
+from .host import RunHost
 from .jobs import Accept
-from .leases import LeaseKeeper
-from .remote import RemoteOps, WakeWatcher
-from .runtrees import RunTree, build_tree, check_compatible, start_child
-from .supervisor import Begin, CancelNow, LeaseLost, LeaseRenewed, RunSupervisor
+from .offload import HostIO, async_form, in_thread
+from .ownership import DEFAULT_LEASE_TTL, RunOwnership
+from .runtrees import RunTree, build_tree, check_compatible
+from .services import Services
 
-__all__ = ["Agent", "RunTree", "Runtime", "Services"]
+__all__ = ["Agent", "RunTree", "Runtime", "Services", "agent_name"]
 
 _log = get_logger("steerable.runtime")
-_CAPABILITY_CACHE = 1024  # distinct (agent, tool set) snapshots kept
-DEFAULT_LEASE_TTL = 5.0
-"""Seconds a run's lease lasts unless renewed (docs/deployment.md)."""
-
-Agent = Any
-"""An agent: any object with `decide(view) -> Decision` (plain or async) and optional `name`."""
-
-Hook = Callable[[RunEvent], object]
-
-
-@dataclass(slots=True)
-class Services:
-    """The shared machinery every supervisor of one runtime uses."""
-
-    clock: Clock
-    dispatcher: Dispatcher
-    timer: TimerService
-    pool: WorkerPool
-    hook_pool: WorkerPool
-    aloop: AsyncRunner
-    store: CheckpointStore
-    hook_timeout: float
-    run_ended: Callable[[str], None]
-    park: Callable[[RunSupervisor], None]
-    start_child: Callable[[RunSupervisor, ChildJob], None]
-    cancel_child: Callable[[str, str], None]
-    agents: frozenset[str]
-    lease_lost: Callable[[str], None] = lambda run_id: None
-    """Fence a run of this runtime out (its lease is lost): it stops at once."""
-    poke_leases: Callable[[], None] = lambda: None
-    """Ask for a lease renewal now (a run waits for one to start a tool)."""
-
-
-def agent_name(agent: Agent) -> str:
-    """An agent's name: its `name` attribute, else its class name."""
-    name = getattr(agent, "name", None)
-    return name if isinstance(name, str) and name else type(agent).__name__
-
-
-def _as_tool(obj: Tool[Any, Any] | Callable[..., Any]) -> Tool[Any, Any]:
-    return obj if isinstance(obj, Tool) else tool(obj)
 
 
 class Runtime:
@@ -134,7 +87,8 @@ class Runtime:
             a hung hook holds one thread until `hook_timeout`). Default 8.
         lease_ttl: Seconds a run's lease lasts unless renewed (every `lease_ttl / 3`, one
             pass for all runs). Another process may take a run over this long after this
-            one stopped renewing (crashed, frozen). Default 5 (docs/deployment.md).
+            one stopped renewing (frozen; a killed process's runs are taken at once on the
+            same machine). Default 5 (docs/deployment.md).
         adopt_orphans: Claim and resume stored runs nobody holds (their owner crashed, froze
             or was killed) whose agent is registered in `agents`. Default False.
     """
@@ -164,12 +118,11 @@ class Runtime:
         self.store: CheckpointStore = store if store is not None else MemoryStore()
         self.tools: dict[str, Tool[Any, Any]] = {}
         for t in tools:
-            wrapped = _as_tool(t)
+            wrapped = as_tool(t)
             self.tools[wrapped.spec.name] = wrapped
         self.agents: dict[str, Agent] = dict(agents or {})
         self.config = config or RunConfig()
         self._hooks: dict[HookName, list[Hook]] = {}
-        self._capabilities: dict[tuple[str, str, tuple[int, ...]], CapabilitySnapshot] = {}
         self._lock = threading.Lock()
         self._closed = False
         dispatcher = Dispatcher(threads=dispatcher_threads, name="steerable-dispatch")
@@ -183,7 +136,7 @@ class Runtime:
         hook_pool = WorkerPool(
             max_workers=hook_workers, max_abandoned=max_abandoned, name="steerable-hooks"
         )
-        self.services = Services(
+        self._host = RunHost(
             clock=self.clock,
             dispatcher=dispatcher,
             timer=timer,
@@ -192,33 +145,28 @@ class Runtime:
             aloop=AsyncRunner(name="steerable-asyncio"),
             store=self.store,
             hook_timeout=hook_timeout,
-            run_ended=self._run_ended,
-            park=self._park,
-            start_child=self._start_child,
-            cancel_child=self._cancel_child,
-            agents=frozenset(self.agents),
+            tools=self.tools,
+            agents=self.agents,
+            passivate=passivate,
         )
-        self.directory = RunDirectory(self.services, passivate=passivate)
-        self.owner = Owner.new()
+        self.services: Services = self._host.services
+        self.host_io: HostIO = self.services.host_io
+        """The threads of the async face (`astart`, `handle.asend`, ...)."""
+        self.directory = self._host.directory
+        self._factory = self._host.factory
+        self.ownership = RunOwnership(
+            store=self.store,
+            directory=self.directory,
+            host=self._host,
+            wall=self.clock.wall,
+            agents=self.agents,
+            ttl=lease_ttl,
+            adopt=adopt_orphans,
+            resume=self._adopted,
+        )
+        self.owner = self.ownership.owner
         """This runtime's identity as a run owner (unique per process start)."""
-        self.adopt_orphans = adopt_orphans
-        self._orphans_logged: set[str] = set()
-        self.leases = LeaseKeeper(
-            self.store,
-            self.owner,
-            lease_ttl,
-            on_lost=self._lease_lost,
-            on_renewed=self._lease_renewed,
-            adopt=self._adopt if adopt_orphans else None,
-        )
-        self.services.lease_lost = self._lease_lost
-        self.services.poke_leases = self.leases.poke
-        self.remote = RemoteOps(self.directory, self._cancel_now, self.clock.wall)
-        self._watcher = (
-            WakeWatcher(self.store, self.remote.pickup)
-            if callable(getattr(self.store, "change_counter", None))
-            else None
-        )
+        self.leases = self.ownership.leases
         dispatcher.start()
         timer.start()
         pool.start()
@@ -228,7 +176,7 @@ class Runtime:
     def on(self, hook: HookName | str, callback: Hook) -> Callable[[], None]:
         """Register a lifecycle hook for runs started from now on; returns an unregister.
 
-        `callback(event)` runs on the hook worker (never on a supervisor), with the `RunEvent`
+        `callback(event)` runs on a hook worker (never on a supervisor), with the `RunEvent`
         of its moment; if it raises, the run records `hook_error` and goes on (R13).
         """
         name = HookName(hook)
@@ -286,28 +234,12 @@ class Runtime:
             compatibility,
             tools,
         )
-        created = self.clock.wall()
-
-        def factory(sup: RunSupervisor) -> RunMachine:
-            return RunMachine(
-                sup,
-                run_id=run_id,
-                trace_id=trace_id,
-                task=task,
-                agent=entry.agent_name,
-                config=entry.config,
-                tools=entry.tools,
-                capabilities=entry.capabilities,
-                compatibility=compatibility,
-                session_id=session_id,
-                task_id=task_id,
-                created_at=created,
-                subagents=self.agents.keys(),
-            )
-
         self.leases.new_run(entry.cell)
-        self.directory.launch(entry, factory, Begin())
-        return RunHandle(self, entry.cell)
+        self.directory.launch(
+            entry,
+            self._factory.fresh(entry, task, session_id=session_id, task_id=task_id),
+        )
+        return RunHandle(self.directory, entry.cell)
 
     def resume(
         self,
@@ -343,26 +275,15 @@ class Runtime:
         """
         live = self.directory.get(run_id)
         if live is not None:
-            return RunHandle(self, live.cell)
+            return RunHandle(self.directory, live.cell)
         stored = self.store.load(run_id)
         if stored.snapshot.state.is_terminal:
             return self._settled(stored)
         cell = self._cell_of(stored)
         self.leases.claim(cell)  # run_owned if another live runtime holds it
-        self._absorb(run_id)
         return self._resume_claimed(
             cell, agent, accept, hooks, compatibility, tools, override=override
         )
-
-    def _absorb(self, run_id: str) -> None:
-        """Operations stored for the run while another owner held it enter its inbox now."""
-        absorb = getattr(self.store, "absorb_ops", None)
-        if absorb is not None:
-            try:
-                absorb(run_id)
-            except BaseException:
-                self.leases.release(run_id)
-                raise
 
     def _cell_of(self, stored: StoredRun) -> RunCell:
         snap = stored.snapshot
@@ -375,21 +296,17 @@ class Runtime:
         )
 
     def _settled(self, stored: StoredRun) -> RunHandle:
-        snap = stored.snapshot
         cell = self._cell_of(stored)
-        cell.revision = snap.revision
+        cell.revision = stored.snapshot.revision
         cell.stored.set()
-        cell.settle(
-            RunOutcome(
-                run_id=snap.run_id,
-                state=snap.state,
-                output=snap.output,
-                errors=snap.errors,
-                metrics=snap.metrics,
-                revision=snap.revision,
-            )
-        )
-        return RunHandle(self, cell)
+        cell.settle(outcome_of(stored.snapshot))
+        return RunHandle(self.directory, cell)
+
+    def _adopted(self, lease: Lease, agent: Agent, started: float) -> RunHandle:
+        """Resume a run the lease keeper claimed for adoption at monotonic `started`."""
+        cell = self._cell_of(self.store.load(lease.run_id))
+        self.leases.claimed(cell, lease, started)
+        return self._resume_claimed(cell, agent, None, None, None, None, override=False)
 
     def _resume_claimed(
         self,
@@ -405,6 +322,7 @@ class Runtime:
         """Resume a run whose lease `cell` holds; the lease is released if it cannot run."""
         run_id = cell.run_id
         try:
+            self.ownership.absorb(run_id)
             # Read again under the lease: the previous owner may have written until the claim.
             stored = self.store.load(run_id)
             snap = stored.snapshot
@@ -417,15 +335,11 @@ class Runtime:
             entry = self._entry(cell, agent, snap.config, accept, hooks, compatibility, tools)
             check_compatible(snap, entry, compatibility, override)
             cell.state = snap.state
-            self.directory.launch(
-                entry,
-                self.directory.restored_machine(entry, stored),
-                Begin(resume=True, messages=tuple(stored.messages)),
-            )
+            self.directory.launch(entry, self._factory.restoring(entry, stored))
         except BaseException:
             self.leases.release(run_id)
             raise
-        return RunHandle(self, cell)
+        return RunHandle(self.directory, cell)
 
     def fork(
         self,
@@ -462,14 +376,8 @@ class Runtime:
         )
         origin = ForkOrigin(run_id=run_id, revision=snap.revision)
         self.leases.new_run(entry.cell)
-        self.directory.launch(
-            entry,
-            self.directory.restored_machine(
-                entry, stored, fork=origin, run_id=new_id, config=entry.config
-            ),
-            Begin(resume=True),
-        )
-        return RunHandle(self, entry.cell)
+        self.directory.launch(entry, self._factory.restoring(entry, stored, fork=origin))
+        return RunHandle(self.directory, entry.cell)
 
     # ------------------------------------------------------------------ run-addressed
 
@@ -484,31 +392,17 @@ class Runtime:
     ) -> int:
         """Send a user message to a run wherever it lives; returns its inbox `seq`.
 
-        A run that lives here gets `handle.send`. For a run in another process the message is
-        stored first, then this waits (up to `timeout`) for its owner to give it a seq; a run
-        nobody holds gets it stored in its inbox for its next owner. `message_id` makes a
-        retried send one message (for a run elsewhere; see docs/durability.md).
+        A run that lives here gets `handle.send`. For a run another process owns, the
+        message is stored, then this waits up to `timeout` for the owner to give it its seq;
+        a run nobody holds gets it in its inbox for its next owner. `message_id` makes a
+        retried send one message (for a run that does not live here: docs/durability.md).
 
         Raises:
             SteerableError: `not_found` (unknown run), `run_ended` (terminal run).
             ValueError: as `RunHandle.send`.
             TimeoutError: the owner did not take it within `timeout` (it stays stored).
         """
-        entry = self.directory.get(run_id)
-        if entry is not None:
-            return RunHandle(self, entry.cell).send(content, mode)
-        try:
-            steering = SteeringMode(mode) if mode is not None else SteeringMode.QUEUE
-        except ValueError:
-            raise ValueError(f"mode must be 'queue' or 'interrupt', not {mode!r}") from None
-        if not isinstance(content, str):
-            raise TypeError(f"content must be a str, not {type(content).__name__}")
-        content.encode("utf-8")
-        message = self.remote.user_message(content, steering)
-        seq = self.remote.submit(run_id, message, message_id, timeout)
-        if seq < 0:
-            raise RemoteOps.ended(run_id, RunState.FINISHED)
-        return seq
+        return self.ownership.send(run_id, content, mode, message_id, timeout)
 
     def cancel(self, run_id: str, reason: str = "cancelled", *, timeout: float = 10.0) -> bool:
         """Cancel a run wherever it lives; False if it is terminal or already cancelling.
@@ -516,81 +410,39 @@ class Runtime:
         Raises:
             SteerableError: `not_found` for an unknown run.
         """
-        entry = self.directory.get(run_id)
-        if entry is not None:
-            return RunHandle(self, entry.cell).cancel(reason)
-        try:
-            seq = self.remote.submit(run_id, self.remote.cancel_request(reason), None, timeout)
-        except SteerableError as exc:
-            if exc.code is ErrorCode.RUN_ENDED:
-                return False
-            raise
-        return seq >= 0
+        return self.ownership.cancel(run_id, reason, timeout)
 
     def approve(self, run_id: str, call_id: str, *, timeout: float = 10.0) -> bool:
         """Approve a pending call of a run wherever it lives; True if it settled one."""
-        return self._decide(run_id, call_id, True, "", timeout)
+        return self.ownership.decide(run_id, call_id, True, "", timeout)
 
     def deny(self, run_id: str, call_id: str, reason: str = "", *, timeout: float = 10.0) -> bool:
         """Deny a pending call of a run wherever it lives; True if it settled one."""
-        return self._decide(run_id, call_id, False, reason, timeout)
-
-    def _decide(
-        self, run_id: str, call_id: str, approved: bool, reason: str, timeout: float
-    ) -> bool:
-        entry = self.directory.get(run_id)
-        if entry is not None:
-            handle = RunHandle(self, entry.cell)
-            return handle.approve(call_id) if approved else handle.deny(call_id, reason)
-        if not isinstance(reason, str):
-            raise TypeError(f"reason must be a str, not {type(reason).__name__}")
-        try:
-            if call_id not in {a.call_id for a in self.remote.pending_approvals(run_id)}:
-                return False
-            decision = self.remote.decision(call_id, approved, reason)
-            return self.remote.submit(run_id, decision, None, timeout) >= 0
-        except SteerableError as exc:
-            if exc.code is ErrorCode.RUN_ENDED:
-                return False
-            raise
+        return self.ownership.decide(run_id, call_id, False, reason, timeout)
 
     def pending_approvals(self, run_id: str) -> list[ApprovalRequest]:
         """The calls of a run (wherever it lives) waiting for a person's approval."""
-        entry = self.directory.get(run_id)
-        if entry is not None:
-            return entry.cell.pending_approvals()
-        return self.remote.pending_approvals(run_id)
+        return self.ownership.pending_approvals(run_id)
 
     def state(self, run_id: str) -> RunState:
-        """A run's state: live here, else as last stored.
-
-        Raises:
-            SteerableError: `not_found` for an unknown run.
-        """
-        entry = self.directory.get(run_id)
-        if entry is not None:
-            return entry.cell.state
-        return self.store.load(run_id).snapshot.state
+        """A run's state: live here, else as last stored (`not_found` if unknown)."""
+        return self.ownership.state(run_id)
 
     def outcome(self, run_id: str, timeout: float | None = None) -> RunOutcome:
-        """Wait for a run's outcome wherever it lives (following the store for a run
-        elsewhere).
+        """Wait for a run's outcome wherever it lives (following the store if elsewhere).
 
         Raises:
             TimeoutError: not terminal within `timeout`.
             SteerableError: `not_found`; `run_owned` if this runtime lost it to another.
         """
-        entry = self.directory.get(run_id)
-        if entry is not None:
-            return RunHandle(self, entry.cell).result(timeout)
-        return self.remote.stored_outcome(run_id, timeout)
+        return self.ownership.outcome(run_id, timeout)
 
     def events(self, run_id: str, start: int = 0, timeout: float | None = None) -> EventStream:
         """The events of a run that lives here, from seq `start` (as `handle.events()`).
 
         Raises:
-            SteerableError: `not_found` for a run that does not live in this runtime (stored
-                events are not kept yet: docs/durability.md).
+            SteerableError: `not_found` for a run that does not live in this runtime (events
+                are not stored yet: docs/durability.md).
         """
         return self.handle(run_id).events(start, timeout)
 
@@ -621,7 +473,7 @@ class Runtime:
         Raises:
             SteerableError: `not_found` if neither knows the run.
         """
-        return build_tree(self, run_id)
+        return build_tree(self.store, self.directory, run_id)
 
     def handle(self, run_id: str) -> RunHandle:
         """A handle on a live run (active or passivated).
@@ -634,7 +486,7 @@ class Runtime:
             raise SteerableError(
                 AgentError.of(ErrorCode.NOT_FOUND, f"no live run {run_id!r}", run_id=run_id)
             )
-        return RunHandle(self, entry.cell)
+        return RunHandle(self.directory, entry.cell)
 
     def statistics(self) -> dict[str, int]:
         """Runtime-level metrics (R28): runs, threads, workers, timers, queue depths."""
@@ -662,14 +514,17 @@ class Runtime:
 
     # ------------------------------------------------------------------ shutdown
 
-    def shutdown(self, timeout: float = 5.0, *, cancel_runs: bool = True) -> list[str]:
+    def shutdown(self, timeout: float = 5.0, *, cancel_runs: bool | None = None) -> list[str]:
         """Stop every run and every thread this runtime started.
 
         Args:
             timeout: Seconds to wait in all (live runs to end, workers to finish).
-            cancel_runs: Cancel live runs (they end CANCELLED). If False, live runs are
-                stopped where they stand (resumable from their last checkpoint with a durable
-                store) and their handles' `result()` raises `SteerableError` (`run_ended`).
+            cancel_runs: True cancels live runs (they end CANCELLED). False parks them: they
+                stop where they stand, resumable from their last checkpoint by this or another
+                process (`rt.resume`), and their handles' `result()` raises `SteerableError`
+                (`run_ended`). Default: park when the store is durable (a routine deploy must
+                not cancel the runs waiting for a person), cancel with an in-memory store
+                (nothing could resume them).
 
         Returns:
             The names of threads still alive because their tool never returned (abandoned
@@ -679,13 +534,16 @@ class Runtime:
             if self._closed:
                 return []
             self._closed = True
+        if cancel_runs is None:
+            cancel_runs = not self.store.durable
         deadline = self.clock.now() + timeout
-        if self._watcher is not None:  # operations stored from now on wait for the next owner
-            self._watcher.stop(timeout=max(0.1, deadline - self.clock.now()))
+        # Operations stored from now on wait for the next owner of their run.
+        self.ownership.stop_watching(timeout=max(0.1, deadline - self.clock.now()))
+        self.host_io.shutdown()
         live = self.directory.entries()
         if cancel_runs:
             for entry in live:
-                RunHandle(self, entry.cell).cancel("runtime shutdown")
+                RunHandle(self.directory, entry.cell).cancel("runtime shutdown")
             for entry in live:
                 try:
                     entry.cell.future.result(max(0.0, deadline - self.clock.now()))
@@ -701,10 +559,7 @@ class Runtime:
                     ref.stop(block=False)
         services = self.services
         services.dispatcher.stop(timeout=max(0.1, deadline - self.clock.now()))
-        self.leases.stop(timeout=max(0.1, deadline - self.clock.now()))
-        for run_id in self.leases.tracked():
-            # Parked or stopped where they stand: another process may take them at once.
-            self.leases.release(run_id)
+        self.ownership.stop(timeout=max(0.1, deadline - self.clock.now()))
         services.timer.stop(timeout=max(0.1, deadline - self.clock.now()))
         left = services.pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += services.hook_pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
@@ -720,6 +575,26 @@ class Runtime:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
+    # ------------------------------------------------------------------ async face
+
+    astart = async_form(start, lambda rt: rt.host_io)
+    aresume = async_form(resume, lambda rt: rt.host_io)
+    afork = async_form(fork, lambda rt: rt.host_io)
+
+    async def ashutdown(
+        self, timeout: float = 5.0, *, cancel_runs: bool | None = None
+    ) -> list[str]:
+        """`shutdown`, awaitable: the joins happen on a thread of their own, off the loop."""
+        return await in_thread(
+            lambda: self.shutdown(timeout, cancel_runs=cancel_runs), "steerable-shutdown"
+        )
+
+    async def __aenter__(self) -> Runtime:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.ashutdown()
+
     # ------------------------------------------------------------------ internals
 
     def _entry(
@@ -732,41 +607,15 @@ class Runtime:
         compatibility: Compatibility | None,
         tools: Iterable[Tool[Any, Any] | Callable[..., Any]] | None,
     ) -> RunEntry:
-        if not callable(getattr(agent, "decide", None)):
-            raise TypeError(f"agent {agent!r} has no decide(view) method")
         if self._closed:
             raise _shut_down()
-        run_tools = dict(self.tools)
-        for t in tools or ():
-            wrapped = _as_tool(t)
-            run_tools[wrapped.spec.name] = wrapped
-        name = agent_name(agent)
-        version = str(getattr(agent, "version", "1"))
-        # Built once per (agent, tool set): hashing every tool's schema on each start() was a
-        # large part of starting a run (W5, W8).
-        cache_key = (name, version, tuple(id(t) for t in run_tools.values()))
-        capabilities = self._capabilities.get(cache_key)
-        if capabilities is None:
-            capabilities = CapabilitySnapshot.of(
-                [t.spec for t in run_tools.values()],
-                [AgentSpec(name=name, version=version)]
-                + [
-                    AgentSpec(name=n, version=str(getattr(a, "version", "1")))
-                    for n, a in self.agents.items()
-                    if n != name
-                ],
-            )
-            if len(self._capabilities) < _CAPABILITY_CACHE:
-                self._capabilities[cache_key] = capabilities
-        return RunEntry(
-            cell=cell,
-            config=config,
-            agent=agent,
-            agent_name=name,
-            accept=accept,
-            tools=run_tools,
+        return self._factory.entry(
+            cell,
+            agent,
+            config,
+            tools=self._factory.run_tools(tools),
             hooks=self._merge_hooks(hooks),
-            capabilities=capabilities,
+            accept=accept,
             compatibility=compatibility,
         )
 
@@ -779,80 +628,6 @@ class Runtime:
             callbacks = [cbs] if callable(cbs) else list(cbs)
             merged.setdefault(HookName(name), []).extend(callbacks)
         return merged
-
-    def _steering(self, handle: RunHandle) -> SteeringMode:
-        entry = self.directory.get(handle.run_id)
-        return entry.config.steering if entry is not None else SteeringMode.QUEUE
-
-    def _cancel_now(self, cell: RunCell, reason: str) -> None:
-        entry = self.directory.get(cell.run_id)
-        ref = None if entry is None else entry.ref
-        if ref is not None:  # a passivated run is woken by the stored CancelRequest
-            with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(CancelNow(reason))
-
-    def _post(self, cell: RunCell, build: Callable[[int], HostMessage]) -> HostMessage:
-        return self.directory.post(cell, build)
-
-    def _run_ended(self, run_id: str) -> None:
-        self.leases.forget(run_id)
-        self.directory.ended_run(run_id)
-
-    def _lease_lost(self, run_id: str) -> None:
-        """Another runtime owns the run now: stop it here at once (any thread)."""
-        self.leases.forget(run_id)
-        entry = self.directory.get(run_id)
-        if entry is None:
-            return
-        with entry.cell.lock:
-            ref = entry.ref
-            if ref is not None:
-                with contextlib.suppress(pykka.ActorDeadError):
-                    ref.tell(LeaseLost())
-                    return
-        self.directory.fenced_parked(entry)
-
-    def _lease_renewed(self, run_id: str) -> None:
-        entry = self.directory.get(run_id)
-        ref = None if entry is None else entry.ref
-        if ref is not None:
-            with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(LeaseRenewed())
-
-    def _adopt(self) -> None:
-        """Claim and resume orphaned runs whose agent is registered (the keeper's thread)."""
-        if self._closed:
-            return
-        started = time.monotonic()
-        leases, left = self.store.claim_orphans(self.owner, self.leases.ttl, frozenset(self.agents))
-        for run_id, agent in left:
-            if run_id not in self._orphans_logged:
-                self._orphans_logged.add(run_id)
-                _log.info("orphan_not_adopted", run_id=run_id, agent=agent, why="agent unknown")
-        for lease in leases:
-            try:
-                stored = self.store.load(lease.run_id)
-                cell = self._cell_of(stored)
-                self.leases.claimed(cell, lease, started)
-                self._absorb(lease.run_id)
-                self._resume_claimed(
-                    cell, self.agents[lease.agent], None, None, None, None, override=False
-                )
-                _log.info("run_adopted", run_id=lease.run_id, epoch=lease.epoch)
-            except Exception:  # noqa: BLE001 - one bad run must not stop adoption of others
-                _log.warning("adoption_failed", run_id=lease.run_id, exc_info=True)
-                self.leases.release(lease.run_id)
-
-    def _park(self, sup: RunSupervisor) -> None:
-        self.directory.park(sup)
-
-    def _cancel_child(self, run_id: str, reason: str) -> None:
-        entry = self.directory.get(run_id)
-        if entry is not None:
-            RunHandle(self, entry.cell).cancel(reason)
-
-    def _start_child(self, parent: RunSupervisor, job: ChildJob) -> None:
-        start_child(self, parent, job)
 
 
 def _shut_down() -> SteerableError:

@@ -105,22 +105,42 @@ class Worker:
         return Plan(steps=[ToolCall(name=name, arguments={"step": step})])
 
 
-def follow(handle: RunHandle, pending: set[str], all_done: threading.Event) -> None:
+def follow(rt: Runtime, run_id: str, pending: set[str], all_done: threading.Event) -> None:
+    """Report the run's end (`rt.outcome` serves a run that lives here or already ended)."""
+
     def wait() -> None:
         try:
-            outcome = handle.result(600.0)
-            say("ended", handle.run_id, outcome.state.value)
+            outcome = rt.outcome(run_id, 600.0)
+            say("ended", run_id, outcome.state.value)
         except SteerableError as exc:
             if exc.code is ErrorCode.RUN_OWNED:
-                say("lost", handle.run_id)
+                say("lost", run_id)
             else:
-                say("failed", handle.run_id, exc.code.value)
+                say("failed", run_id, exc.code.value)
         with _out_lock:
-            pending.discard(handle.run_id)
+            pending.discard(run_id)
             if not pending:
                 all_done.set()
 
     threading.Thread(target=wait, daemon=True).start()
+
+
+def watch_adoptions(rt: Runtime, pending: set[str], all_done: threading.Event) -> None:
+    """Report each run the runtime adopts (from its `run_adopted` log record)."""
+
+    class Adopted(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if "run_adopted" in message:
+                run_id = message.split("run_id=")[1].split()[0].strip("'\"")
+                say("adopted", run_id, time.monotonic())
+                with _out_lock:
+                    pending.add(run_id)
+                follow(rt, run_id, pending, all_done)
+
+    logger = logging.getLogger("steerable")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(Adopted())
 
 
 def main() -> None:
@@ -155,25 +175,12 @@ def main() -> None:
                     raise
                 say("owned", run_id)
     else:
-
-        class Adopted(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                message = record.getMessage()
-                if "run_adopted" in message:
-                    run_id = message.split("run_id=")[1].split()[0].strip("'\"")
-                    say("adopted", run_id, time.monotonic())
-                    with _out_lock:
-                        pending.add(run_id)
-                    follow(rt.handle(run_id), pending, all_done)
-
-        logger = logging.getLogger("steerable")
-        logger.setLevel(logging.INFO)
-        logger.addHandler(Adopted())
+        watch_adoptions(rt, pending, all_done)
         say("up")
     with _out_lock:
         pending.update(h.run_id for h in handles)
     for h in handles:
-        follow(h, pending, all_done)
+        follow(rt, h.run_id, pending, all_done)
     if not handles and ROLE == "resume":
         all_done.set()
 
