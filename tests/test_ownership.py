@@ -133,7 +133,7 @@ def test_release_lets_another_owner_claim_at_once(store: CheckpointStore) -> Non
     a, b = Owner.new(), Owner.new()
     stored_run(store, "r")
     store.claim("r", a, 30.0)
-    store.release("r", a)
+    store.release_lease("r", a)
     store.flush()
     assert store.claim("r", b, 30.0).epoch == 2
 

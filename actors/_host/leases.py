@@ -101,7 +101,7 @@ class LeaseKeeper:
         """Give a run's lease up (it is parked at shutdown, or refused after its claim)."""
         with self._lock:
             self._runs.pop(run_id, None)
-        self.store.release(run_id, self.owner)
+        self.store.release_lease(run_id, self.owner)
 
     def forget(self, run_id: str) -> None:
         """The run ended (its terminal write released the lease) or was fenced out."""

@@ -150,7 +150,7 @@ class SqliteOwnership:
         row = self._reader().execute("SELECT 1 FROM leases WHERE run_id=?", (run_id,)).fetchone()
         return row is None
 
-    def release(self, run_id: str, owner: Owner) -> None:
+    def release_lease(self, run_id: str, owner: Owner) -> None:
         """Give up the lease once this run's queued writes are stored (writer order)."""
         with self._held_lock:
             held = self._held.pop(run_id, None)

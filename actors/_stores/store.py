@@ -268,7 +268,7 @@ class CheckpointStore(ABC):
         del owner, run_ids, ttl
         return set()
 
-    def release(self, run_id: str, owner: Owner) -> None:  # noqa: B027
+    def release_lease(self, run_id: str, owner: Owner) -> None:  # noqa: B027
         """Give up `owner`'s lease of the run now (after its queued writes), if still held."""
 
     def claim_orphans(
@@ -418,7 +418,7 @@ class MemoryStore(CheckpointStore):
             self._ttl = ttl
             return self._leases.renew(owner, run_ids, ttl)
 
-    def release(self, run_id: str, owner: Owner) -> None:
+    def release_lease(self, run_id: str, owner: Owner) -> None:
         with self._lock:
             self._leases.release(run_id, owner)
 
