@@ -110,7 +110,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         calls: list[Call] = []
         executable = 0
         children = 0
-        taken = self._taken_call_ids()
+        taken = self._taken_call_ids(plan)
         for index, step in enumerate(plan.steps):
             cid = self._call_id(step.id, index, taken)
             key = idempotency_key(self.run_id, cid)
@@ -157,7 +157,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             self._set_state(RunState.WAITING, approvals=len(approvals))
         self._after_call(now)
 
-    def _taken_call_ids(self) -> set[str]:
+    def _taken_call_ids(self, current: Plan) -> set[str]:
         """Every call id this run has used; built from the transcript once per machine.
 
         Built lazily so that a resumed or forked run (a new machine) knows the ids of its
@@ -167,10 +167,14 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         if taken is None:
             taken = set(_RESERVED_KEYS)
             for entry in self.transcript:
-                if isinstance(entry, DecisionEntry) and isinstance(entry.decision, Plan):
-                    taken.update(s.id for s in entry.decision.steps if s.id is not None)
-                elif isinstance(entry, ToolResult | SubagentResult):
+                if isinstance(entry, ToolResult | SubagentResult):
                     taken.add(entry.call_id)
+                elif (
+                    isinstance(entry, DecisionEntry)
+                    and isinstance(entry.decision, Plan)
+                    and entry.decision is not current  # the decision being planned now
+                ):
+                    taken.update(s.id for s in entry.decision.steps if s.id is not None)
             self._call_ids = taken
         return taken
 
