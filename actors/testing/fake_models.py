@@ -467,9 +467,9 @@ class FakeAnthropicServer(_FakeServer):
                     yield _sse("content_block_delta", {"type": "content_block_delta",
                                "index": index, "delta": delta})  # fmt: skip
             yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
-        delta = {"stop_reason": "tool_use" if reply.tool_calls else "end_turn",
-                 "stop_sequence": None}  # fmt: skip
-        yield _sse("message_delta", {"type": "message_delta", "delta": delta,
+        end: dict[str, Any] = {"stop_reason": "tool_use" if reply.tool_calls else "end_turn",
+                               "stop_sequence": None}  # fmt: skip
+        yield _sse("message_delta", {"type": "message_delta", "delta": end,
                    "usage": {"output_tokens": reply.usage[1]}})  # fmt: skip
         yield _sse("message_stop", {"type": "message_stop"})
 
