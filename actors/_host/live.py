@@ -16,6 +16,7 @@ from typing import Any
 import pykka
 
 from steerable.actors._engine.cancel import CancelScope
+from steerable.actors._engine.mux import tell_now
 from steerable.protocol import EventKind
 
 __all__ = ["LiveEvent", "ModelCallContext"]
@@ -78,7 +79,7 @@ class ModelCallContext:
             return
         payload = {"model_call": self.number, **data}
         with contextlib.suppress(pykka.ActorDeadError):
-            self._ref.tell(LiveEvent(EventKind.MODEL_DELTA, payload, self.number))
+            tell_now(self._ref, LiveEvent(EventKind.MODEL_DELTA, payload, self.number))
 
     def __repr__(self) -> str:
         return f"<ModelCall {self.number} cancelled={self.cancelled}>"

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["FakeAnthropicServer", "FakeOpenAIServer", "RecordedRequest", "Reply"]
 
@@ -221,7 +221,7 @@ class _FakeServer:
         for thread in list(self._threads):
             thread.join()
 
-    def __enter__(self) -> _FakeServer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
