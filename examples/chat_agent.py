@@ -75,7 +75,8 @@ def main() -> None:
         os.environ.get(k) for k in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")
     )
     server = None if real else FakeOpenAIServer(fake_model)
-    print("model:", "a real endpoint" if real else f"the fake OpenAI server at {server.base_url}")
+    where = "a real endpoint" if server is None else f"the fake OpenAI server at {server.base_url}"
+    print("model:", where)
     try:
         agent = make_agent(server)
         with Runtime(tools=[get_weather, book_table], config=RunConfig(max_model_calls=8)) as rt:
