@@ -506,3 +506,37 @@ def test_a_fork_continues_the_conversation_with_the_same_call_ids(
         ("call", f"{assigned}:add"),
         ("result", f"{assigned}=4"),
     ]
+
+
+def test_provider_usage_feeds_the_token_budget(provider: str) -> None:
+    script = [Reply.call("add", {"a": 1, "b": 2}, usage=(30, 7)), Reply.say("never asked")]
+    config = RunConfig(token_budget=20)
+    with serve(provider, script) as server, Runtime(tools=[add], config=config) as rt:
+        outcome = rt.start("t", agent=agent_for(provider, server)).result(timeout=WAIT)
+        assert len(server.requests) == 1
+    assert outcome.state is RunState.EXHAUSTED
+    assert outcome.error is not None
+    assert outcome.error.details["budget"] == "token_budget"
+    assert outcome.metrics.input_tokens == 30
+
+
+def test_a_model_delegates_to_a_subagent_through_its_tool() -> None:
+    from steerable.actors.testing import ScriptedAgent
+    from steerable.protocol import Finish
+
+    child = ScriptedAgent([], then=Finish(output="Hotel Avenida"), name="researcher")
+    script = [
+        Reply.call("subagent_researcher", {"task": "find a hotel"}, id="d1"),
+        Reply.say("Stay at Hotel Avenida."),
+    ]
+    with serve("openai", script) as server, Runtime(agents={"researcher": child}) as rt:
+        outcome = rt.start("plan", agent=agent_for("openai", server)).result(timeout=WAIT)
+        first, second = server.requests
+    assert outcome.output == "Stay at Hotel Avenida."
+    names = [t["function"]["name"] for t in first.body["tools"]]
+    assert names == ["subagent_researcher"]
+    assert child.views[0].task == "find a hotel"
+    assert conversation("openai", second)[1:] == [
+        ("call", "d1:subagent_researcher"),
+        ("result", "d1=Hotel Avenida"),
+    ]
