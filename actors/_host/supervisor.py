@@ -9,6 +9,7 @@ runtime's dispatcher (docs/pykka.md, last section), which makes "never block" lo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from steerable.protocol import (
 )
 
 from .jobs import Accept, Decided, DecideJob, HookDone, HookJob, ToolDone, ToolJob
+from .live import LiveEvent, ModelCallContext
 from .messages import Begin, CancelNow, ChildDone, HostMsg, Stored, TimerFired
 
 if TYPE_CHECKING:
@@ -160,6 +162,16 @@ class RunSupervisor(SteerableActor, MuxActor):
         if self._children.pop(message.call_id, None) is not None:
             self.machine.child_done(message.call_id, message.outcome, now)
 
+    def _on_live(self, message: LiveEvent, now: float) -> None:
+        # Only while its model call is the one in flight: a cancelled stream's late deltas
+        # must not follow the events of the call after it.
+        if message.model_call is not None and message.model_call != self.machine.model_in_flight:
+            return
+        cell = self.cell
+        data = {**message.data, "live": True}
+        cell.events.append(cell.run_id, message.kind, Phase.REASON, self._wall, data,
+                           cell.parent_run_id)  # fmt: skip
+
     def _on_hook_done(self, message: HookDone, now: float) -> None:
         self._hook_done(message.errors)
 
@@ -197,16 +209,21 @@ class RunSupervisor(SteerableActor, MuxActor):
 
     def decide(self, model_call: int, view: RunView, deadline: float) -> None:
         """Run the agent's decide on a worker (or the event loop for `async def decide`)."""
+        scope = self.cell.scope.child(deadline)
+        view = dataclasses.replace(view, call=ModelCallContext(model_call, scope, self.actor_ref))
         job = DecideJob(
             self.agent, view, self.accept, self.actor_ref, model_call, self.services.clock
         )
-        work = _Work(job, self.cell.scope.child(deadline), model_call)
+        work = _Work(job, scope, model_call)
         self._work[MODEL_KEY] = work
         if self._async_decide:
             started = self.services.clock.now()
-            work.handle = self.services.aloop.submit(
+            handle = work.handle = self.services.aloop.submit(
                 job.coroutine, lambda value, exc: job.report(started, value, exc)
             )
+            # A cancel or an interrupt reaches the coroutine at once: its HTTP request is
+            # closed (the provider stops billing) instead of running on until abandoned.
+            scope.on_cancel(lambda _reason: handle.cancel())
         elif not self.services.pool.submit(job):
             job.report(self.services.clock.now(), None, RuntimeError("the runtime is shut down"))
 
@@ -520,6 +537,7 @@ _HANDLERS: dict[type, Callable[[RunSupervisor, Any, float], None]] = {
     CancelNow: RunSupervisor._on_cancel_now,
     Stored: RunSupervisor._on_stored,
     HookDone: RunSupervisor._on_hook_done,
+    LiveEvent: RunSupervisor._on_live,
     Begin: RunSupervisor._on_begin,
 }
 """One handler per message type: a dict lookup, not a chain of isinstance checks."""
