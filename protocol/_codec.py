@@ -52,7 +52,7 @@ FORMAT_HISTORY: dict[int, str] = {
     2: "SubagentResult gains child_revision (the child's final revision, -1 if unknown) and "
     "RunSnapshot gains model_retries (0); format 1 bodies migrate unchanged (defaults apply)",
     3: "ToolCall and SubagentCall gain id (the call id, None if unrecorded), ToolSpec gains "
-    "argument_descriptions ({}), ErrorCode gains provider_error and EventKind model_delta; "
+    "argument_descriptions ({}), ErrorCode gains provider_error, EventKind model_delta and custom; "
     "format 2 bodies migrate unchanged (defaults apply)",
 }
 """One line per format version: what changed (mirrored in docs/checkpoint-format.md)."""

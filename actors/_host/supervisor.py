@@ -20,7 +20,7 @@ import pykka
 from steerable.actors._engine.base import SteerableActor
 from steerable.actors._engine.cancel import CancelScope
 from steerable.actors._engine.log import get_logger
-from steerable.actors._engine.mux import MuxActor
+from steerable.actors._engine.mux import MuxActor, tell_now
 from steerable.actors._machine.effects import CallJob, ChildJob, TimerKind
 from steerable.actors._machine.machine import MODEL_KEY, RunMachine
 from steerable.actors._tools.tool import Tool, ToolContext
@@ -163,13 +163,19 @@ class RunSupervisor(SteerableActor, MuxActor):
             self.machine.child_done(message.call_id, message.outcome, now)
 
     def _on_live(self, message: LiveEvent, now: float) -> None:
-        # Only while its model call is the one in flight: a cancelled stream's late deltas
-        # must not follow the events of the call after it.
-        if message.model_call is not None and message.model_call != self.machine.model_in_flight:
-            return
+        # Only while its call is in flight: a cancelled stream's late deltas, or an abandoned
+        # tool's progress, must not follow the events of what came after.
+        if message.call_id is not None:
+            if message.call_id not in self._work:
+                return
+            phase = Phase.EXECUTE
+        else:
+            if message.model_call != self.machine.model_in_flight:
+                return
+            phase = Phase.REASON
         cell = self.cell
-        data = {**message.data, "live": True}
-        cell.events.append(cell.run_id, message.kind, Phase.REASON, self._wall, data,
+        data = {"live": True, **message.data}
+        cell.events.append(cell.run_id, message.kind, phase, self._wall, data,
                            cell.parent_run_id)  # fmt: skip
 
     def _on_hook_done(self, message: HookDone, now: float) -> None:
@@ -259,6 +265,16 @@ class RunSupervisor(SteerableActor, MuxActor):
                 return True
         return False
 
+    def _tool_emitter(self, call_id: str) -> Callable[[str, dict[str, Any], bool], None]:
+        """`ToolContext.emit` of one call: a `LiveEvent` told to this supervisor."""
+        ref = self.actor_ref
+
+        def emit(name: str, data: dict[str, Any], live: bool) -> None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                tell_now(ref, LiveEvent(EventKind.CUSTOM, {**data, "live": live}, call_id=call_id))
+
+        return emit
+
     def _start_call(self, tool: Tool[Any, Any], job: CallJob) -> None:
         services = self.services
         scope = self.cell.scope.child(job.deadline)
@@ -272,6 +288,7 @@ class RunSupervisor(SteerableActor, MuxActor):
             deadline=job.deadline,
             scope=scope,
             now=services.clock.now,
+            emit=self._tool_emitter(job.call_id),
         )
         tool_job = ToolJob(tool, job.arguments, ctx, self.actor_ref)
         work = _Work(tool_job, scope, job.attempt)
