@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from ._base import Record
+from ._frozen import FrozenAny, FrozenDict, FrozenMap
 
 __all__ = ["AskUser", "Decision", "Finish", "Plan", "PlanStep", "SubagentCall", "ToolCall", "Usage"]
 
@@ -34,7 +35,7 @@ class ToolCall(Record):
 
     kind: Literal["tool"] = "tool"
     name: str
-    arguments: dict[str, Any] = Field(default_factory=dict)
+    arguments: FrozenMap = Field(default_factory=FrozenDict)
 
 
 class SubagentCall(Record):
@@ -74,7 +75,7 @@ class Finish(Record):
     """A claim of completion, checked by the run's `accept` callable (R9)."""
 
     kind: Literal["finish"] = "finish"
-    output: Any = None
+    output: FrozenAny = None
     usage: Usage = Field(default_factory=Usage)
 
 
