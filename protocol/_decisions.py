@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from ._base import Record
+from ._config import MAX_INT
 from ._frozen import FrozenAny, FrozenDict, FrozenMap
 
 __all__ = ["AskUser", "Decision", "Finish", "Plan", "PlanStep", "SubagentCall", "ToolCall", "Usage"]
@@ -15,8 +16,8 @@ __all__ = ["AskUser", "Decision", "Finish", "Plan", "PlanStep", "SubagentCall", 
 class Usage(Record):
     """Tokens one model call used. The token budget counts `input_tokens + output_tokens`."""
 
-    input_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=0, ge=0)
+    input_tokens: int = Field(default=0, ge=0, le=MAX_INT)
+    output_tokens: int = Field(default=0, ge=0, le=MAX_INT)
 
     @property
     def total(self) -> int:
@@ -52,8 +53,8 @@ class SubagentCall(Record):
     kind: Literal["subagent"] = "subagent"
     agent: str
     task: str
-    max_steps: int | None = Field(default=None, ge=0)
-    max_model_calls: int | None = Field(default=None, ge=1)
+    max_steps: int | None = Field(default=None, ge=0, le=MAX_INT)
+    max_model_calls: int | None = Field(default=None, ge=1, le=MAX_INT)
 
 
 PlanStep = Annotated[ToolCall | SubagentCall, Field(discriminator="kind")]

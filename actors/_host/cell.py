@@ -79,10 +79,16 @@ class RunCell:
             self.next_seq += 1
             return message
 
-    def claim_approval(self, call_id: str) -> bool:
-        """Take a pending approval out of the table; True for exactly one caller."""
+    def claim_approval(self, call_id: str) -> ApprovalRequest | None:
+        """Take a pending approval out of the table; the request for exactly one caller."""
         with self.lock:
-            return self._approvals.pop(call_id, None) is not None
+            return self._approvals.pop(call_id, None)
+
+    def unclaim_approval(self, request: ApprovalRequest) -> None:
+        """Put back an approval whose decision could not be posted (it is still pending)."""
+        with self.lock:
+            if self._approvals_open:
+                self._approvals.setdefault(request.call_id, request)
 
     def pending_approvals(self) -> list[ApprovalRequest]:
         """The calls waiting for a person, oldest first."""

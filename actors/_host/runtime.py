@@ -44,6 +44,7 @@ from steerable.protocol import (
     new_run_id,
     new_trace_id,
 )
+from steerable.protocol.codec import check_storable
 
 from .cell import RunCell
 from .directory import RunDirectory, RunEntry
@@ -93,6 +94,37 @@ def _as_tool(obj: Tool[Any, Any] | Callable[..., Any]) -> Tool[Any, Any]:
     return obj if isinstance(obj, Tool) else tool(obj)
 
 
+def _tool_table(
+    tools: Iterable[Tool[Any, Any] | Callable[..., Any]], where: str
+) -> dict[str, Tool[Any, Any]]:
+    """Tools by name; two different tools with one name are refused (a plan names one)."""
+    table: dict[str, Tool[Any, Any]] = {}
+    for t in tools:
+        wrapped = _as_tool(t)
+        name = wrapped.spec.name
+        other = table.get(name)
+        if other is not None and other is not wrapped and other.fn is not wrapped.fn:
+            raise ValueError(
+                f"two tools named {name!r} in {where}: {_describe(other)} and "
+                f"{_describe(wrapped)}; give one of them another name (@tool(name=...))"
+            )
+        table[name] = wrapped
+    return table
+
+
+def _describe(t: Tool[Any, Any]) -> str:
+    fn = t.fn
+    module = getattr(fn, "__module__", None) or "?"
+    return f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _optional_text(value: object, what: str) -> None:
+    if value is not None:
+        if not isinstance(value, str):
+            raise TypeError(f"{what} must be a str or None, not {type(value).__name__}")
+        check_storable(value, what=what)
+
+
 class Runtime:
     """Runs agent runs. Use as a context manager, or call `shutdown()` when done.
 
@@ -138,16 +170,15 @@ class Runtime:
             threading.stack_size(thread_stack_size)
         self.clock: Clock = clock or SystemClock()
         self.store: CheckpointStore = store if store is not None else MemoryStore()
-        self.tools: dict[str, Tool[Any, Any]] = {}
-        for t in tools:
-            wrapped = _as_tool(t)
-            self.tools[wrapped.spec.name] = wrapped
+        self.tools: dict[str, Tool[Any, Any]] = _tool_table(tools, "Runtime(tools=...)")
         self.agents: dict[str, Agent] = dict(agents or {})
         self.config = config or RunConfig()
         self._hooks: dict[HookName, list[Hook]] = {}
         self._capabilities: dict[tuple[str, str, tuple[int, ...]], CapabilitySnapshot] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._shut_down = threading.Event()
+        self._left: list[str] = []
         dispatcher = Dispatcher(threads=dispatcher_threads, name="steerable-dispatch")
         timer = TimerService(self.clock, name="steerable-timer")
         pool = WorkerPool(
@@ -230,7 +261,19 @@ class Runtime:
 
         Raises:
             SteerableError: code `run_ended` if the runtime is shut down.
+            TypeError: `task` is not a `str` (None included), `session_id` or `task_id` is
+                neither a `str` nor None, `config` is not a `RunConfig`, or `agent` has no
+                `decide`. Nothing is started.
+            ValueError: `task`, `session_id` or `task_id` cannot be stored (text that is
+                not valid Unicode, or a task larger than
+                `steerable.protocol.codec.MAX_VALUE_BYTES`), or `tools` holds two different
+                tools of one name. Nothing is started.
         """
+        if not isinstance(task, str):
+            raise TypeError(f"task must be a str, not {type(task).__name__}")
+        check_storable(task, what="the task")
+        _optional_text(session_id, "session_id")
+        _optional_text(task_id, "task_id")
         run_id = new_run_id()
         trace_id = new_trace_id()
         entry = self._entry(
@@ -454,12 +497,47 @@ class Runtime:
 
         Returns:
             The names of threads still alive because their tool never returned (abandoned
-            workers, daemon threads); everything else is gone.
+            workers, daemon threads); everything else is gone. A second call (from any thread)
+            waits until the first has finished and returns the same names.
+
+        Raises:
+            RuntimeError: Called from one of this runtime's own threads (inside a tool, a
+                hook, a sync `decide` or `accept`): it cannot wait for the thread it runs on.
+                Nothing is stopped; call it from the host's thread.
+            TypeError: `timeout` is not a number. Nothing is stopped.
         """
+        if self._on_own_thread():
+            raise RuntimeError(
+                "Runtime.shutdown() called from one of the runtime's own threads (a tool, a "
+                "hook or a decide): it cannot wait for itself; nothing was stopped. Call it "
+                "from the host's thread (e.g. after result() returns)."
+            )
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise TypeError(f"timeout must be seconds as a number, not {timeout!r}")
         with self._lock:
-            if self._closed:
-                return []
+            first = not self._closed
             self._closed = True
+        if not first:
+            self._shut_down.wait()
+            return list(self._left)
+        try:
+            self._left = self._shutdown(timeout, cancel_runs)
+        finally:
+            self._shut_down.set()
+        return list(self._left)
+
+    def _on_own_thread(self) -> bool:
+        thread = threading.current_thread()
+        services = self.services
+        return (
+            services.dispatcher.owns_thread(thread)
+            or services.timer.owns_thread(thread)
+            or services.pool.owns_thread(thread)
+            or services.hook_pool.owns_thread(thread)
+            or services.aloop.owns_thread(thread)
+        )
+
+    def _shutdown(self, timeout: float, cancel_runs: bool) -> list[str]:
         deadline = self.clock.now() + timeout
         live = self.directory.entries()
         if cancel_runs:
@@ -511,10 +589,10 @@ class Runtime:
             raise TypeError(f"agent {agent!r} has no decide(view) method")
         if self._closed:
             raise _shut_down()
+        if not isinstance(config, RunConfig):
+            raise TypeError(f"config must be a RunConfig, not {type(config).__name__}")
         run_tools = dict(self.tools)
-        for t in tools or ():
-            wrapped = _as_tool(t)
-            run_tools[wrapped.spec.name] = wrapped
+        run_tools.update(_tool_table(tools or (), "tools=..."))
         name = agent_name(agent)
         version = str(getattr(agent, "version", "1"))
         # Built once per (agent, tool set): hashing every tool's schema on each start() was a

@@ -37,7 +37,16 @@ _SECRETS = (SecretStr, SecretBytes, Secret)
 
 
 class ExecutionMixin(ChildrenMixin, MachineBase):
-    """The run machine's plan execution (see `RunMachine`)."""
+    """The run machine's plan execution (see `RunMachine`).
+
+    A plan's cost is linear in its steps (docs/reliability.md, "Hostile values"): calls are
+    found by id through an index, and dispatching resumes from a cursor before which no call
+    is pending, instead of scanning the whole plan on every result.
+    """
+
+    # Built for (and kept with) one plan list; replaced when the plan is.
+    _plan_index: tuple[list[Call], dict[str, Call]] | None = None
+    _scan: tuple[list[Call], int] | None = None
 
     def pending_approvals(self) -> list[Call]:
         """Calls of the current plan waiting for a person."""
@@ -79,6 +88,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         if msg.approved:
             call.status = CallStatus.PENDING
             call.needs_approval = False
+            self._scan = None  # a call before the dispatch cursor is pending again
         else:
             error = AgentError.of(
                 ErrorCode.APPROVAL_DENIED,
@@ -229,15 +239,25 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             return
         limit = self.config.max_parallel_tools
         if not self._interrupting and self._cancel_reason is None:
-            for call in self.plan:
-                if self._running >= limit:
-                    break
-                if call.status is CallStatus.PENDING and call.kind == "subagent":
+            plan = self.plan
+            scan = self._scan
+            i = scan[1] if scan is not None and scan[0] is plan else 0
+            settled = i  # no call before `settled` is pending
+            while i < len(plan) and self._running < limit:
+                call = plan[i]
+                i += 1
+                if call.status is not CallStatus.PENDING:
+                    if settled == i - 1:
+                        settled = i
+                    continue
+                if settled == i - 1:
+                    settled = i  # dispatched below: no longer pending
+                if call.kind == "subagent":
                     call.status = CallStatus.RUNNING
                     self._running += 1
                     call.first_dispatch = now
                     self._start_child(call, now)
-                elif call.status is CallStatus.PENDING:
+                else:
                     call.status = CallStatus.RUNNING
                     self._running += 1
                     if not call.counted:  # a re-dispatch after a crash is the same step
@@ -245,6 +265,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                         self.steps += 1  # R27: a validated, approved execution is one tool step
                     call.first_dispatch = now
                     self._dispatch_attempt(call, now)
+            self._scan = (plan, settled)
         if self._running:
             return
         if all(c.status is CallStatus.DONE for c in self.plan):
@@ -412,7 +433,8 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         self._boundary(now)
 
     def _find(self, call_id: str) -> Call | None:
-        for call in self.plan:
-            if call.call_id == call_id:
-                return call
-        return None
+        plan = self.plan
+        index = self._plan_index
+        if index is None or index[0] is not plan or len(index[1]) != len(plan):
+            index = self._plan_index = (plan, {call.call_id: call for call in plan})
+        return index[1].get(call_id)
