@@ -28,7 +28,9 @@ from steerable.protocol import (
     Plan,
     RunEvent,
     RunView,
+    ToolCall,
 )
+from steerable.protocol.codec import check_storable
 
 __all__ = [
     "Accept",
@@ -104,6 +106,26 @@ def coerce_decision(value: object) -> Plan | Finish | AskUser:
     raise ValueError(f"decide returned {type(value).__name__}, not Plan, Finish or AskUser")
 
 
+def check_decision(decision: Plan | Finish | AskUser) -> None:
+    """Refuse a decision a store could not keep (text that is not valid Unicode, a task larger
+    than a value may be). A call's arguments are checked by the run machine, per call
+    (`invalid_arguments` for that call alone); a Finish's output when it is normalized.
+
+    Raises:
+        ValueError: What cannot be stored; the run ends `invalid_decision`.
+    """
+    if isinstance(decision, Plan):
+        parts: list[str] = [decision.thought]
+        for step in decision.steps:
+            if isinstance(step, ToolCall):
+                parts.append(step.name)
+            else:
+                parts += (step.agent, step.task)
+        check_storable(parts, what="the plan (its thought, tool names or subagent tasks)")
+    elif isinstance(decision, AskUser):
+        check_storable(decision.question, what="the question")
+
+
 class DecideJob:
     """One model call: `agent.decide(view)`, then `accept(output, view)` on a Finish."""
 
@@ -152,7 +174,9 @@ class DecideJob:
         else:
             try:
                 decision = coerce_decision(raw)
-            except ValueError as bad:
+                check_decision(decision)
+            except (TypeError, ValueError) as bad:
+                decision = None
                 error = AgentError.of(
                     ErrorCode.INVALID_DECISION, str(bad), returned=type(raw).__name__
                 )

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Secret, SecretBytes, SecretStr
-
 from steerable.protocol import (
     AgentError,
     ApprovalDecision,
@@ -23,17 +21,16 @@ from steerable.protocol import (
     ToolResult,
     WaitingFor,
 )
+from steerable.protocol._frozen import FrozenDict
 from steerable.protocol._ids import call_id as make_call_id
 from steerable.protocol._ids import idempotency_key
-from steerable.protocol.codec import redact
 
 from .base import MODEL_KEY, PLAN_KEY, Call, MachineBase, Stage, cancelled, jitter_unit
 from .children import ChildrenMixin
 from .effects import CallJob, TimerKind
+from .recording import checked_arguments, recorded_arguments
 
 __all__ = ["ExecutionMixin"]
-
-_SECRETS = (SecretStr, SecretBytes, Secret)
 
 
 class ExecutionMixin(ChildrenMixin, MachineBase):
@@ -115,6 +112,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             return
         self.fx.emit(EventKind.PLANNING_STARTED, Phase.PLAN, {"steps": len(plan.steps)})
         calls: list[Call] = []
+        recorded: list[dict[str, Any] | None] = []
         executable = 0
         children = 0
         for index, step in enumerate(plan.steps):
@@ -123,10 +121,13 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             if isinstance(step, SubagentCall):
                 call = self._plan_subagent(index, cid, key, step, children)
                 children += call.status is CallStatus.PENDING
+                recorded.append(None)
             else:
-                call, ok = self._plan_call(index, cid, key, step)
+                call, ok, arguments = self._plan_call(index, cid, key, step)
                 executable += ok
+                recorded.append(arguments)
             calls.append(call)
+        self._record_decision(plan, recorded)
         steps_left = self.config.max_steps - self.steps
         if executable > steps_left:
             # No half-run plans (docs/contract.md "Budgets at the edge").
@@ -134,7 +135,6 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 "max_steps", self.config.max_steps, planned=executable, steps_left=steps_left
             )
             return
-        self._redact_decision(plan, calls)
         short = self._reserve(calls, executable)
         if short is not None:
             # Children cannot get a share of a budget that is used up: no half-run plans.
@@ -163,38 +163,48 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             self._set_state(RunState.WAITING, approvals=len(approvals))
         self._after_call(now)
 
-    def _redact_decision(self, plan: Plan, calls: list[Call]) -> None:
-        """R26: an argument the tool declares secret never reaches the transcript in clear.
+    def _record_decision(self, plan: Plan, recorded: list[dict[str, Any] | None]) -> None:
+        """Record the decision with each step's arguments as `recorded_arguments` made them.
 
-        The agent may pass a credential as a plain string to a `SecretStr` parameter; the
-        validated call holds the secret, and the recorded decision gets its reference.
+        Done before the plan can end any way (accepted, invalid, over budget): what the
+        transcript keeps is storable and holds no secret in clear (R26).
         """
-        secret = [any(isinstance(v, _SECRETS) for v in c.arguments.values()) for c in calls]
-        if not any(secret):
+        steps = plan.steps
+        if all(r is None or r is s.arguments for r, s in zip(recorded, steps, strict=True)):
             return
-        steps: list[ToolCall | SubagentCall] = []
-        for step, call, has_secret in zip(plan.steps, calls, secret, strict=True):
-            if has_secret and isinstance(step, ToolCall):
-                arguments = {
-                    k: redact(call.arguments[k])
-                    if isinstance(call.arguments.get(k), _SECRETS)
-                    else v
-                    for k, v in step.arguments.items()
-                }
-                steps.append(ToolCall(name=step.name, arguments=arguments))
-            else:
-                steps.append(step)
+        new_steps = tuple(
+            step
+            if r is None or r is step.arguments or not isinstance(step, ToolCall)
+            else ToolCall(name=step.name, arguments=r)
+            for step, r in zip(steps, recorded, strict=True)
+        )
         entry = self.transcript[-1]
         assert isinstance(entry, DecisionEntry)
         self.transcript[-1] = DecisionEntry(
-            model_call=entry.model_call, decision=plan.model_copy(update={"steps": tuple(steps)})
+            model_call=entry.model_call, decision=plan.model_copy(update={"steps": new_steps})
         )
 
-    def _plan_call(self, index: int, cid: str, key: str, step: ToolCall) -> tuple[Call, bool]:
-        """Turn one plan step into a call; unknown tools and bad arguments resolve at once."""
+    def _plan_call(
+        self, index: int, cid: str, key: str, step: ToolCall
+    ) -> tuple[Call, bool, dict[str, Any]]:
+        """Turn one plan step into a call; unknown tools and bad arguments resolve at once.
+
+        Returns the call, whether it will execute, and the arguments to record for it.
+        """
         tool = self.tools.get(step.name)
+        spec = None if tool is None else tool.spec
+        problem = checked_arguments(step.name, step.arguments, validated=False)
+        if problem is not None:
+            # Nothing of them can be stored: the call records none, the error says why.
+            call = Call(index, cid, "tool", step.name, {}, key, spec)
+            self._resolve_now(
+                call,
+                AgentError.of(ErrorCode.INVALID_ARGUMENTS, problem, tool=step.name, call_id=cid),
+            )
+            return call, False, FrozenDict()
         if tool is None:
-            call = Call(index, cid, "tool", step.name, dict(step.arguments), key, None)
+            recorded = recorded_arguments(None, step.arguments, None)
+            call = Call(index, cid, "tool", step.name, dict(recorded), key, None)
             self._resolve_now(
                 call,
                 AgentError.of(
@@ -205,20 +215,32 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                     available=sorted(self.tools),
                 ),
             )
-            return call, False
+            return call, False, recorded
+        error: AgentError | None = None
         try:
             arguments = tool.validate(step.arguments)
         except Exception as exc:  # noqa: BLE001 - any validator failure is the agent's bad input
-            error = getattr(exc, "error", None)
-            if not isinstance(error, AgentError):
-                error = AgentError.of(ErrorCode.INVALID_ARGUMENTS, str(exc), tool=step.name)
-            call = Call(index, cid, "tool", step.name, dict(step.arguments), key, tool.spec)
+            found = getattr(exc, "error", None)
+            error = (
+                found
+                if isinstance(found, AgentError)
+                else AgentError.of(ErrorCode.INVALID_ARGUMENTS, str(exc), tool=step.name)
+            )
+        else:
+            problem = checked_arguments(step.name, arguments, validated=True)
+            if problem is not None:  # a validator made something no store can keep
+                error = AgentError.of(
+                    ErrorCode.INVALID_ARGUMENTS, problem, tool=step.name, call_id=cid
+                )
+        if error is not None:
+            recorded = recorded_arguments(spec, step.arguments, None)
+            call = Call(index, cid, "tool", step.name, dict(recorded), key, spec)
             self._resolve_now(call, error)
-            return call, False
-        call = Call(index, cid, "tool", step.name, arguments, key, tool.spec)
+            return call, False, recorded
+        call = Call(index, cid, "tool", step.name, arguments, key, spec)
         if call.needs_approval:
             call.status = CallStatus.AWAITING_APPROVAL
-        return call, True
+        return call, True, recorded_arguments(spec, step.arguments, arguments)
 
     def _resolve_now(self, call: Call, error: AgentError) -> None:
         call.status = CallStatus.DONE
