@@ -379,33 +379,43 @@ def _survey(value: Any, what: str, max_bytes: int) -> tuple[bool, int]:
             pass
         elif cls is dict or cls is list or cls is tuple or isinstance(item, dict | list):
             if item:
-                if depth >= MAX_VALUE_DEPTH:
-                    _too_deep(what)
-                seen += len(item)
-                if isinstance(item, dict):
-                    for key in item:
-                        if type(key) is not str:
-                            plain = False  # pydantic's conversion makes keys text
-                            break
-                    children: Any = item.values()
-                    stack.extend((key, depth) for key in item if type(key) is str)
-                else:
-                    children = item
-                stack.extend((child, depth + 1) for child in children)
+                seen = _survey_container(item, depth, stack, seen, what, max_bytes)
+                if isinstance(item, dict) and not all(type(key) is str for key in item):
+                    plain = False  # pydantic's conversion makes keys text
         else:
             plain = False
-            seen = _survey_other(item, depth, stack, seen, what)
+            seen = _survey_other(item, depth, stack, seen, what, max_bytes)
         if seen > max_bytes:
-            raise ValueError(f"{what} is larger than the {max_bytes} bytes a value may take")
+            _too_large(what, max_bytes)
     return plain, seen
 
 
-def _survey_other(item: Any, depth: int, stack: list[tuple[Any, int]], seen: int, what: str) -> int:
+def _survey_container(
+    item: Any, depth: int, stack: list[tuple[Any, int]], seen: int, what: str, max_bytes: int
+) -> int:
+    if depth >= MAX_VALUE_DEPTH:
+        _too_deep(what)
+    seen += len(item)
+    if seen > max_bytes:  # before the items are pushed: the walk's memory stays bounded too
+        _too_large(what, max_bytes)
+    if isinstance(item, dict):
+        stack.extend((key, depth) for key in item if type(key) is str)
+        stack.extend((child, depth + 1) for child in item.values())
+    else:
+        stack.extend((child, depth + 1) for child in item)
+    return seen
+
+
+def _survey_other(
+    item: Any, depth: int, stack: list[tuple[Any, int]], seen: int, what: str, max_bytes: int
+) -> int:
     if isinstance(item, str | bytes | bytearray):
         return seen + len(item)
     if isinstance(item, set | frozenset | tuple):
         if depth >= MAX_VALUE_DEPTH and item:
             _too_deep(what)
+        if seen + len(item) > max_bytes:
+            _too_large(what, max_bytes)
         stack.extend((child, depth + 1) for child in item)
         return seen + len(item)
     if isinstance(item, Iterator):
@@ -418,8 +428,15 @@ def _survey_other(item: Any, depth: int, stack: list[tuple[Any, int]], seen: int
             _too_deep(what)
         stack.extend((child, depth + 1) for child in item.__dict__.values())
     elif isinstance(item, Sized) and not isinstance(item, _SECRET_TYPES):
-        return seen + len(item)
+        try:
+            return seen + len(item)
+        except OverflowError:  # len() past sys.maxsize: e.g. range(10**20)
+            _too_large(what, max_bytes)
     return seen
+
+
+def _too_large(what: str, max_bytes: int) -> NoReturn:
+    raise ValueError(f"{what} is larger than the {max_bytes} bytes a value may take")
 
 
 def _text(item: str, what: str) -> None:
