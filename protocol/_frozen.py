@@ -53,7 +53,7 @@ class FrozenList(list[Any]):
     def __hash__(self) -> int:  # type: ignore[override]
         return hash(tuple(self))
 
-    def __getitem__(self, index: SupportsIndex | slice) -> Any:  # type: ignore[override]
+    def __getitem__(self, index: SupportsIndex | slice) -> Any:
         if isinstance(index, slice):
             return FrozenList(list.__getitem__(self, index))
         return list.__getitem__(self, index)

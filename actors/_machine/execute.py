@@ -170,13 +170,17 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         transcript keeps is storable and holds no secret in clear (R26).
         """
         steps = plan.steps
-        if all(r is None or r is s.arguments for r, s in zip(recorded, steps, strict=True)):
+        unchanged = [
+            r is None or not isinstance(s, ToolCall) or r is s.arguments
+            for r, s in zip(recorded, steps, strict=True)
+        ]
+        if all(unchanged):
             return
         new_steps = tuple(
             step
-            if r is None or r is step.arguments or not isinstance(step, ToolCall)
+            if same or r is None or not isinstance(step, ToolCall)
             else ToolCall(name=step.name, arguments=r)
-            for step, r in zip(steps, recorded, strict=True)
+            for step, r, same in zip(steps, recorded, unchanged, strict=True)
         )
         entry = self.transcript[-1]
         assert isinstance(entry, DecisionEntry)
