@@ -39,9 +39,9 @@ class RetryPolicy(Record):
     """
 
     max_retries: int = Field(default=2, ge=0, le=100)
-    backoff: float = Field(default=0.2, ge=0, allow_inf_nan=False)
+    backoff: float = Field(default=0.2, ge=0)
     multiplier: float = Field(default=2.0, ge=1.0, le=100.0)
-    max_backoff: float = Field(default=10.0, ge=0, allow_inf_nan=False)
+    max_backoff: float = Field(default=10.0, ge=0)
     jitter: bool = True
 
     @model_validator(mode="after")
@@ -76,19 +76,19 @@ class RunConfig(Record):
         max_children: Subagents this run may start in all. Default 16.
         cancel_grace: Seconds a cancelled call gets to stop before it is abandoned. Default 1.0.
 
-    Counts are at most `2**63 - 1` and seconds are finite (what a checkpoint stores); anything
+    Counts are at most `2**63 - 1` (what a checkpoint stores) and seconds are not NaN; anything
     else raises `pydantic.ValidationError` (a `ValueError`) here, not later in a store.
     """
 
     max_steps: int = Field(default=50, ge=0, le=MAX_INT)
     max_model_calls: int = Field(default=50, ge=1, le=MAX_INT)
-    step_timeout: float = Field(default=60.0, gt=0, allow_inf_nan=False)
-    model_timeout: float = Field(default=120.0, gt=0, allow_inf_nan=False)
-    total_timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    step_timeout: float = Field(default=60.0, gt=0)
+    model_timeout: float = Field(default=120.0, gt=0)
+    total_timeout: float | None = Field(default=None, gt=0)
     token_budget: int | None = Field(default=None, ge=0, le=MAX_INT)
     max_parallel_tools: int = Field(default=8, ge=1, le=10_000)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     steering: SteeringMode = SteeringMode.QUEUE
     max_depth: int = Field(default=3, ge=0, le=MAX_INT)
     max_children: int = Field(default=16, ge=0, le=MAX_INT)
-    cancel_grace: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    cancel_grace: float = Field(default=1.0, ge=0)

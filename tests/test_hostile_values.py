@@ -205,9 +205,9 @@ def test_start_refuses_a_task_no_store_could_keep(
         {"max_model_calls": 2**63},
         {"token_budget": 2**70},
         {"max_children": 2**64},
-        {"step_timeout": float("inf")},
+        {"step_timeout": float("nan")},
         {"total_timeout": float("nan")},
-        {"cancel_grace": float("inf")},
+        {"cancel_grace": float("nan")},
     ],
     ids=lambda f: next(iter(f)),
 )
