@@ -315,6 +315,15 @@ def check_storable(
             UTF-8 where only text is stored, nesting deeper than `MAX_VALUE_DEPTH`, or more
             than `max_bytes`.
     """
+    cls = type(value)
+    if cls is str:  # the common cases first: a task, a message, a short result
+        if len(value) > max_bytes:
+            _too_large(what, max_bytes)
+        if not value.isascii():
+            _text(value, what)
+        return len(value)
+    if (cls is dict or cls is list) and not value:
+        return 0
     plain, size = _survey(value, what, max_bytes)
     if plain:
         return size

@@ -30,7 +30,7 @@ from steerable.protocol import (
     RunView,
     ToolCall,
 )
-from steerable.protocol.codec import check_storable
+from steerable.protocol.codec import MAX_VALUE_BYTES, check_storable
 
 __all__ = [
     "Accept",
@@ -115,13 +115,16 @@ def check_decision(decision: Plan | Finish | AskUser) -> None:
         ValueError: What cannot be stored; the run ends `invalid_decision`.
     """
     if isinstance(decision, Plan):
-        parts: list[str] = [decision.thought]
+        what = "the plan (its thought, tool names or subagent tasks)"
+        size = check_storable(decision.thought, what=what)
         for step in decision.steps:
             if isinstance(step, ToolCall):
-                parts.append(step.name)
+                size += check_storable(step.name, what=what)
             else:
-                parts += (step.agent, step.task)
-        check_storable(parts, what="the plan (its thought, tool names or subagent tasks)")
+                size += check_storable(step.agent, what=what)
+                size += check_storable(step.task, what=what)
+        if size > MAX_VALUE_BYTES:
+            raise ValueError(f"{what} is larger than the {MAX_VALUE_BYTES} bytes a value may take")
     elif isinstance(decision, AskUser):
         check_storable(decision.question, what="the question")
 

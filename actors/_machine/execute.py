@@ -179,7 +179,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         new_steps = tuple(
             step
             if same or r is None or not isinstance(step, ToolCall)
-            else ToolCall(name=step.name, arguments=r)
+            else step.model_copy(update={"arguments": r})  # r is frozen
             for step, r, same in zip(steps, recorded, unchanged, strict=True)
         )
         entry = self.transcript[-1]

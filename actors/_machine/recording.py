@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from steerable.protocol import ToolSpec
-from steerable.protocol._frozen import FrozenDict
+from steerable.protocol._frozen import freeze
 from steerable.protocol.codec import check_storable, redact
 
 __all__ = ["checked_arguments", "recorded_arguments", "secret_parameters"]
@@ -26,6 +26,8 @@ _SECRET_PARAMS: dict[int, tuple[ToolSpec, frozenset[str]]] = {}
 
 def checked_arguments(name: str, arguments: dict[str, Any], *, validated: bool) -> str | None:
     """Why the codec cannot store a call's arguments, or None if it can."""
+    if not arguments:
+        return None
     what = f"the {'validated ' if validated else ''}arguments of {name!r}"
     try:
         check_storable(arguments, what=what, bytes_ok=validated)
@@ -79,6 +81,8 @@ def recorded_arguments(
         raw: The arguments as the agent gave them (already known to be storable).
         validated: The validated arguments, or None when validation failed.
     """
+    if not raw:
+        return raw
     secret = secret_parameters(spec)
     out: dict[str, Any] | None = None
     for key, value in raw.items():
@@ -95,7 +99,7 @@ def recorded_arguments(
             if out is None:
                 out = dict(raw)
             out[key] = new
-    return raw if out is None else FrozenDict(out)
+    return raw if out is None else freeze(out)
 
 
 def _reference(value: Any) -> Any:
