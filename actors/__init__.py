@@ -6,7 +6,10 @@ stores and the CLI. Test helpers live in `steerable.actors.testing`.
 
 from ._engine.cancel import Cancelled, CancelScope
 from ._engine.clock import Clock, ManualClock, SystemClock
+from ._engine.executor import Executor, OutcomeKind, RemoteHandle, RemoteOutcome, RemoteTask
 from ._engine.pool import ToolWorker
+from ._engine.procpool import ProcessPool
+from ._engine.rayexec import RayExecutor
 from ._host.events import EventStream
 from ._host.handle import RunHandle
 from ._host.runtime import Runtime, RunTree
@@ -28,8 +31,15 @@ __all__ = [
     "CheckpointStore",
     "Clock",
     "EventStream",
+    "Executor",
     "ManualClock",
     "MemoryStore",
+    "OutcomeKind",
+    "ProcessPool",
+    "RayExecutor",
+    "RemoteHandle",
+    "RemoteOutcome",
+    "RemoteTask",
     "Replay",
     "RetryableToolError",
     "RevisionInfo",

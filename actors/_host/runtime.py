@@ -18,6 +18,7 @@ import pykka
 
 from steerable.actors._engine.aloop import AsyncRunner
 from steerable.actors._engine.clock import Clock, SystemClock
+from steerable.actors._engine.executor import Executor
 from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import Dispatcher
 from steerable.actors._engine.pool import WorkerPool
@@ -48,6 +49,7 @@ from steerable.protocol import (
 from .cell import RunCell
 from .directory import RunDirectory, RunEntry
 from .events import EventLog
+from .executors import Executors
 from .handle import RunHandle
 from .jobs import Accept
 from .runtrees import RunTree, build_tree, check_compatible, start_child
@@ -81,6 +83,7 @@ class Services:
     start_child: Callable[[RunSupervisor, ChildJob], None]
     cancel_child: Callable[[str, str], None]
     agents: frozenset[str]
+    executors: Executors
 
 
 def agent_name(agent: Agent) -> str:
@@ -115,6 +118,15 @@ class Runtime:
             their next message (docs/requirements.md "Passivation"). Default True.
         hook_workers: Threads that run hooks (each run's hooks run one at a time, in order;
             a hung hook holds one thread until `hook_timeout`). Default 8.
+        executors: Named executors for tools with `executor=name`, e.g.
+            `{"ray": RayExecutor(address="auto")}`; "ray" defaults to `RayExecutor()`.
+        process_workers: Warm worker processes for `isolation="process"` tools, started with
+            the runtime when such a tool is registered (else on first need). Default 2.
+        max_processes: Most worker processes at once; calls beyond that queue. Default 8.
+
+    Raises:
+        ValueError: A tool names an executor the runtime does not have.
+        ImportError: A tool uses `executor="ray"` and Ray (`steerable[ray]`) is not installed.
     """
 
     def __init__(
@@ -133,6 +145,9 @@ class Runtime:
         thread_stack_size: int | None = None,
         passivate: bool = True,
         hook_workers: int = 8,
+        executors: Mapping[str, Executor] | None = None,
+        process_workers: int = 2,
+        max_processes: int = 8,
     ) -> None:
         if thread_stack_size is not None:
             threading.stack_size(thread_stack_size)
@@ -148,6 +163,14 @@ class Runtime:
         self._capabilities: dict[tuple[str, str, tuple[int, ...]], CapabilitySnapshot] = {}
         self._lock = threading.Lock()
         self._closed = False
+        runtime_executors = Executors(
+            executors, process_workers=process_workers, max_processes=max_processes
+        )
+        try:
+            runtime_executors.check(self.tools.values())
+        except BaseException:
+            runtime_executors.shutdown(1.0)
+            raise
         dispatcher = Dispatcher(threads=dispatcher_threads, name="steerable-dispatch")
         timer = TimerService(self.clock, name="steerable-timer")
         pool = WorkerPool(
@@ -173,6 +196,7 @@ class Runtime:
             start_child=self._start_child,
             cancel_child=self._cancel_child,
             agents=frozenset(self.agents),
+            executors=runtime_executors,
         )
         self.directory = RunDirectory(self.services, passivate=passivate)
         dispatcher.start()
@@ -438,6 +462,7 @@ class Runtime:
             "inbox_depth_total": dispatcher["inbox_depth_total"],
             "inbox_depth_max": dispatcher["inbox_depth_max"],
             "actors_live": dispatcher["actors_live"],
+            **self.services.executors.statistics(),
             "timers_pending": self.services.timer.statistics()["timers_pending"],
         }
 
@@ -484,6 +509,7 @@ class Runtime:
         left = services.pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += services.hook_pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += services.aloop.shutdown(timeout=max(0.1, deadline - self.clock.now()))
+        left += services.executors.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         self.store.close()
         if left:
             _log.warning("threads_abandoned_at_shutdown", threads=left)
@@ -512,9 +538,11 @@ class Runtime:
         if self._closed:
             raise _shut_down()
         run_tools = dict(self.tools)
-        for t in tools or ():
-            wrapped = _as_tool(t)
+        extra = [_as_tool(t) for t in tools or ()]
+        for wrapped in extra:
             run_tools[wrapped.spec.name] = wrapped
+        if extra:
+            self.services.executors.check(extra)
         name = agent_name(agent)
         version = str(getattr(agent, "version", "1"))
         # Built once per (agent, tool set): hashing every tool's schema on each start() was a

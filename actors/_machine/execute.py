@@ -366,9 +366,10 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             or call.retry_pending
         ):
             return
-        # R15: control returns at once; the thread may never return, so it is abandoned.
+        # R15: control returns at once; the thread may never return, so it is abandoned (a
+        # process-isolated call is killed instead).
         self.fx.cancel_work(call_id, "timeout")
-        self.fx.abandon_work(call_id)
+        killed = bool(self.fx.abandon_work(call_id))
         spec = call.spec
         write = spec is not None and spec.side_effect is SideEffect.WRITE
         if write:
@@ -388,6 +389,8 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 tool=call.name,
                 call_id=call_id,
             )
+        if killed:
+            error.details["killed"] = True
         if not write and self._should_retry(call, error, now):
             return
         self._complete(call, None, error, now)
