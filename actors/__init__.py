@@ -8,7 +8,6 @@ from ._engine.cancel import Cancelled, CancelScope
 from ._engine.clock import Clock, ManualClock, SystemClock
 from ._engine.executor import Executor, OutcomeKind, RemoteHandle, RemoteOutcome, RemoteTask
 from ._engine.pool import ToolWorker
-from ._engine.procpool import ProcessPool
 from ._engine.rayexec import RayExecutor
 from ._host.events import EventStream
 from ._host.handle import RunHandle
@@ -35,7 +34,6 @@ __all__ = [
     "ManualClock",
     "MemoryStore",
     "OutcomeKind",
-    "ProcessPool",
     "RayExecutor",
     "RemoteHandle",
     "RemoteOutcome",

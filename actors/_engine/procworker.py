@@ -17,7 +17,6 @@ payload, runs the tool and encodes its result; the host never unpickles what a w
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import os
 import signal
@@ -94,6 +93,8 @@ def _die_with_parent() -> None:
     # does) dies, even while a tool spins in C code holding the GIL.
     if not sys.platform.startswith("linux"):
         return
+    import ctypes
+
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)

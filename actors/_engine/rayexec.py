@@ -19,7 +19,6 @@ from typing import Any
 from .cancel import CancelScope
 from .executor import OutcomeKind, RemoteOutcome, RemoteTask
 from .log import get_logger
-from .procworker import resolve_entry
 
 __all__ = ["RayExecutor"]
 
@@ -41,6 +40,8 @@ def _import_ray() -> Any:
 
 def run_task(entry: str, payload: bytes, remaining: float | None) -> bytes:
     """The body of every Ray task: run the entry point where Ray placed the task."""
+    from .procworker import resolve_entry
+
     deadline = None if remaining is None else time.monotonic() + remaining
     return resolve_entry(entry)(payload, CancelScope(deadline))
 

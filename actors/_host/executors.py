@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from steerable.actors._engine.executor import Executor
-from steerable.actors._engine.procpool import ProcessPool
 from steerable.actors._tools.remote import ENTRY
 from steerable.actors._tools.tool import PROCESS, Tool
+
+if TYPE_CHECKING:
+    from steerable.actors._engine.procpool import ProcessPool
 
 __all__ = ["Executors"]
 
@@ -96,6 +98,9 @@ class Executors:
             if pool is None:
                 if self._closed:
                     raise RuntimeError("the runtime is shut down")
+                # Imported here: multiprocessing is not free, and most runtimes never need it.
+                from steerable.actors._engine.procpool import ProcessPool
+
                 modules = sorted({ENTRY.partition(":")[0], *self._preload} - {"__main__"})
                 pool = self._pool = ProcessPool(
                     workers=self._process_workers,

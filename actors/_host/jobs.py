@@ -263,7 +263,11 @@ class ToolJob:
         except ValueError as exc:
             self.report(None, exc)
             return None
-        handle = executor.submit(task, self.remote_done)
+        try:
+            handle = executor.submit(task, self.remote_done)
+        except Exception as exc:  # noqa: BLE001 - an executor that fails (Ray gone): typed error
+            self.report(None, RuntimeError(f"the executor refused the call: {exc!r}"))
+            return None
         self.ctx.on_cancel(handle.signal)
         return handle
 
