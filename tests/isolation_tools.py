@@ -175,9 +175,9 @@ def parent_of_sleeper(beacon: str) -> str:
     return "woke"
 
 
-@tool(isolation="process", timeout=0.5)
+@tool(isolation="process", timeout=3.0)
 def slow_timeout(beacon: str) -> str:
-    """Times out (0.5 s) while sleeping an hour."""
+    """Times out (3 s: time enough to report its pid on a loaded machine) sleeping an hour."""
     say(beacon, str(os.getpid()))
     time.sleep(3600)
     return "woke"

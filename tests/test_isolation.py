@@ -190,6 +190,9 @@ def test_kill_takes_the_tools_own_children_with_it(rt: Runtime, beacon: kit.Beac
 
 
 def test_a_timeout_kills_the_call_and_the_run_goes_on(rt: Runtime, beacon: kit.Beacon) -> None:
+    # A warm, idle worker first: the 3 s timeout runs from dispatch, and must not be spent
+    # waiting for a worker to start.
+    assert _result(_one_call(rt, "whoami"))["ok"] is True
     agent = ScriptedAgent([plan(call("slow_timeout", beacon=beacon.address)), _last_result])
     handle = rt.start("t", agent=agent, config=RunConfig(retry={"max_retries": 0}))
     pid = int(beacon.wait())
