@@ -1,7 +1,7 @@
 """steerable.actors: everything that runs.
 
-The pykka actors (`RunSupervisor`, `ToolWorker`), the `Runtime` facade a host embeds, tools,
-stores and the CLI. Test helpers live in `steerable.actors.testing`.
+The pykka actors (`RunSupervisor`, `ChildRun` for subagents, `ToolWorker`), the `Runtime`
+facade a host embeds, tools, stores and the CLI. Test helpers live in `steerable.actors.testing`.
 """
 
 from ._engine.cancel import Cancelled, CancelScope
@@ -9,6 +9,8 @@ from ._engine.clock import Clock, ManualClock, SystemClock
 from ._engine.executor import Executor, OutcomeKind, RemoteHandle, RemoteOutcome, RemoteTask
 from ._engine.pool import ToolWorker
 from ._engine.rayexec import RayExecutor
+from ._host.agent import Agent
+from ._host.childrun import ChildRun
 from ._host.events import EventStream
 from ._host.handle import RunHandle
 from ._host.runtime import Runtime, RunTree
@@ -25,9 +27,11 @@ from ._tools.tool import (
 )
 
 __all__ = [
+    "Agent",
     "CancelScope",
     "Cancelled",
     "CheckpointStore",
+    "ChildRun",
     "Clock",
     "EventStream",
     "Executor",

@@ -66,6 +66,8 @@ class EventKind(StrEnum):
     ERROR = "error"
     SUBAGENT_STARTED = "subagent_started"
     SUBAGENT_FINISHED = "subagent_finished"
+    MODEL_DELTA = "model_delta"
+    """Live only (never stored): a piece of a streaming model call's text or tool calls."""
 
 
 HOOK_EVENTS: dict[EventKind, HookName] = {

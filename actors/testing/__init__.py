@@ -23,9 +23,15 @@ from steerable.protocol import (
     ToolCall,
 )
 
+from .fake_models import FakeAnthropicServer, FakeOpenAIServer, RecordedRequest, Reply
+
 __all__ = [
+    "FakeAnthropicServer",
+    "FakeOpenAIServer",
     "Gate",
     "HookRecorder",
+    "RecordedRequest",
+    "Reply",
     "ScriptedAgent",
     "call",
     "plan",
