@@ -163,6 +163,7 @@ class ProcessPool:
         self._workers: list[_Worker] = []
         self._queue: deque[ProcessCall] = deque()
         self._starting = 0  # workers the monitor was asked to start
+        self._launching = 0  # workers the monitor is starting (not in _workers yet)
         self._start_failures = 0
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = -1, -1
@@ -302,7 +303,8 @@ class ProcessPool:
     def _grow(self) -> None:
         """Ask the monitor for another worker if the queue outgrows the starting ones (lock)."""
         live = sum(1 for w in self._workers if not w.killed)
-        if self._starting < len(self._queue) and live + self._starting < self._max:
+        coming = self._starting + self._launching
+        if coming < len(self._queue) and live + coming < self._max:
             self._starting += 1
 
     def _assign(self, worker: _Worker, call: ProcessCall) -> None:
@@ -413,6 +415,7 @@ class ProcessPool:
                     self._starting = 0
                     return
                 self._starting -= 1
+                self._launching += 1
             self._start_one(context)
 
     def _start_one(self, context: Any) -> None:
@@ -428,6 +431,8 @@ class ProcessPool:
             host_end.close()
             worker_end.close()
             _log.error("procpool_start_failed", error=repr(exc))
+            with self._lock:
+                self._launching -= 1
             self._start_failed(str(exc))
             return
         finally:
@@ -436,6 +441,7 @@ class ProcessPool:
         worker = _Worker(name, proc, host_end)
         with self._lock:
             self._stats["workers_started"] += 1
+            self._launching -= 1
             self._workers.append(worker)
             late = self._closed  # shutdown came while it started: it missed the kill
             worker.killed = worker.killed or late
@@ -528,7 +534,7 @@ class ProcessPool:
             if not self._closed and not never_ready:
                 # Refill the warm set, and start more for waiting calls.
                 wanted = max(self._warm, min(len(self._queue), self._max)) - live
-                self._starting = max(self._starting, wanted)
+                self._starting = max(self._starting, wanted - self._launching)
         with contextlib.suppress(Exception):
             worker.conn.close()
         with contextlib.suppress(Exception):
