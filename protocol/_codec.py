@@ -44,7 +44,7 @@ __all__ = [
     "register_migration",
 ]
 
-FORMAT_VERSION: Final = 3
+FORMAT_VERSION: Final = 4
 """The format this steerable writes. Monotonic: bump it for any change an older reader cannot
 read (a new, renamed or removed field, a new kind), add a line to `FORMAT_HISTORY`, register a
 migration from the previous version and keep the old golden fixtures (R24)."""
@@ -57,6 +57,8 @@ FORMAT_HISTORY: dict[int, str] = {
     3: "ToolCall and SubagentCall gain id (the call id, None if unrecorded), ToolSpec gains "
     "argument_descriptions ({}), ErrorCode gains provider_error, EventKind model_delta and custom; "
     "format 2 bodies migrate unchanged (defaults apply)",
+    4: "ErrorCode gains tool_crashed (an isolated tool's worker died); format 3 bodies migrate "
+    "unchanged",
 }
 """One line per format version: what changed (mirrored in docs/checkpoint-format.md)."""
 
@@ -687,4 +689,11 @@ def _from_format_2(kind: str, body: Any) -> Any:
     return body
 
 
+def _from_format_3(kind: str, body: Any) -> Any:
+    # Format 4 only added an error code, which no format 3 body can hold: nothing to rewrite.
+    del kind
+    return body
+
+
 register_migration(2, _from_format_2)
+register_migration(3, _from_format_3)

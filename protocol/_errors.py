@@ -58,6 +58,8 @@ class ErrorCode(StrEnum):
     """A message was sent to a run that is already terminal (or a runtime that shut down)."""
     INTERNAL_ERROR = "internal_error"
     """A defect in steerable itself; please report it."""
+    TOOL_CRASHED = "tool_crashed"
+    """An isolated tool's worker died during the call (signal, exit, limit); see details."""
 
 
 DEFAULT_RETRYABLE: dict[ErrorCode, bool] = {
@@ -82,6 +84,7 @@ DEFAULT_RETRYABLE: dict[ErrorCode, bool] = {
     ErrorCode.NOT_FOUND: False,
     ErrorCode.RUN_ENDED: False,
     ErrorCode.INTERNAL_ERROR: False,
+    ErrorCode.TOOL_CRASHED: False,
 }
 """Whether each code is retryable when the reporter does not say otherwise."""
 

@@ -464,9 +464,10 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             or call.retry_pending
         ):
             return
-        # R15: control returns at once; the thread may never return, so it is abandoned.
+        # R15: control returns at once; the thread may never return, so it is abandoned (a
+        # process-isolated call is killed instead).
         self.fx.cancel_work(call_id, "timeout")
-        self.fx.abandon_work(call_id)
+        killed = bool(self.fx.abandon_work(call_id))
         spec = call.spec
         write = spec is not None and spec.side_effect is SideEffect.WRITE
         if write:
@@ -477,6 +478,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 call_id=call_id,
                 side_effect="unknown",
                 idempotency_key=call.key,
+                **({"killed": True} if killed else {}),
             )
         else:
             error = AgentError.of(
@@ -485,6 +487,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 retryable=True,
                 tool=call.name,
                 call_id=call_id,
+                **({"killed": True} if killed else {}),
             )
         if not write and self._should_retry(call, error, now):
             return
