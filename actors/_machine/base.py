@@ -135,7 +135,7 @@ def cancelled(
     reason: str, call: Call, *, abandoned: bool = False, killed: bool = False
 ) -> AgentError:
     """The `cancelled` error of one call; `killed`: its process was killed (docs/isolation.md)."""
-    error = AgentError.of(
+    return AgentError.of(
         ErrorCode.CANCELLED,
         f"{call.name} was cancelled ({reason})",
         call_id=call.call_id,
@@ -144,7 +144,6 @@ def cancelled(
         abandoned=abandoned and not killed,
         **({"killed": True} if killed else {}),
     )
-    return error
 
 
 class MachineBase:
