@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from ._base import Record
+from ._frozen import FrozenDict, FrozenMap
 
 __all__ = ["DEFAULT_RETRYABLE", "AgentError", "ErrorCode", "SteerableError"]
 
@@ -21,6 +22,8 @@ class ErrorCode(StrEnum):
     """A tool call or the whole run ran past its deadline."""
     PROVIDER_TIMEOUT = "provider_timeout"
     """The agent's `decide` (the model call) ran past `model_timeout`."""
+    PROVIDER_ERROR = "provider_error"
+    """A model provider refused or failed a model call (HTTP status, connection, overflow)."""
     CANCELLED = "cancelled"
     """The work was cancelled (by the host, an interrupting message, or a parent run)."""
     APPROVAL_DENIED = "approval_denied"
@@ -58,12 +61,15 @@ class ErrorCode(StrEnum):
     owner and the lease's expiry. A run that lost its lease in this process reports it too."""
     INTERNAL_ERROR = "internal_error"
     """A defect in steerable itself; please report it."""
+    TOOL_CRASHED = "tool_crashed"
+    """An isolated tool's worker died during the call (signal, exit, limit); see details."""
 
 
 DEFAULT_RETRYABLE: dict[ErrorCode, bool] = {
     ErrorCode.HANDLER_ERROR: False,
     ErrorCode.TIMEOUT: False,
     ErrorCode.PROVIDER_TIMEOUT: True,
+    ErrorCode.PROVIDER_ERROR: False,
     ErrorCode.CANCELLED: False,
     ErrorCode.APPROVAL_DENIED: False,
     ErrorCode.CAPABILITY_MISMATCH: False,
@@ -82,6 +88,7 @@ DEFAULT_RETRYABLE: dict[ErrorCode, bool] = {
     ErrorCode.RUN_ENDED: False,
     ErrorCode.RUN_OWNED: False,
     ErrorCode.INTERNAL_ERROR: False,
+    ErrorCode.TOOL_CRASHED: False,
 }
 """Whether each code is retryable when the reporter does not say otherwise."""
 
@@ -99,7 +106,7 @@ class AgentError(Record):
     code: ErrorCode
     message: str
     retryable: bool = False
-    details: dict[str, Any] = Field(default_factory=dict)
+    details: FrozenMap = Field(default_factory=FrozenDict)
 
     @classmethod
     def of(

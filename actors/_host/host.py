@@ -22,6 +22,7 @@ from steerable.actors._tools.tool import Tool
 
 from .cell import RunCell
 from .directory import RunDirectory
+from .executors import Executors
 from .factory import Agent, RunFactory
 from .handle import RunHandle
 from .leases import LeaseKeeper
@@ -46,6 +47,7 @@ class RunHost:
         tools: The runtime's tools by name (shared with the `Runtime`).
         agents: The runtime's subagents by name (shared with the `Runtime`).
         passivate: Whether waiting runs give up their supervisor.
+        executors: The runtime's executors (process pool, Ray), for remote tool calls.
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class RunHost:
         tools: dict[str, Tool[Any, Any]],
         agents: dict[str, Agent],
         passivate: bool,
+        executors: Executors,
     ) -> None:
         self.services = Services(
             clock=clock,
@@ -74,6 +77,7 @@ class RunHost:
             hook_timeout=hook_timeout,
             agents=frozenset(agents),
             host=self,
+            executors=executors,
         )
         self.factory = RunFactory(self.services, tools, agents)
         self.directory = RunDirectory(self.services, self.factory, passivate=passivate)

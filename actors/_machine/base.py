@@ -131,15 +131,18 @@ def jitter_unit(key: str, attempt: int) -> float:
     return int.from_bytes(digest, "big") / 2**32
 
 
-def cancelled(reason: str, call: Call, *, abandoned: bool = False) -> AgentError:
-    """The `cancelled` error of one call."""
+def cancelled(
+    reason: str, call: Call, *, abandoned: bool = False, killed: bool = False
+) -> AgentError:
+    """The `cancelled` error of one call; `killed`: its process was killed (docs/isolation.md)."""
     return AgentError.of(
         ErrorCode.CANCELLED,
         f"{call.name} was cancelled ({reason})",
         call_id=call.call_id,
         tool=call.name,
         reason=reason,
-        abandoned=abandoned,
+        abandoned=abandoned and not killed,
+        **({"killed": True} if killed else {}),
     )
 
 
@@ -200,6 +203,7 @@ class MachineBase:
     _holding: bool
     _unseen: tuple[UserMessage, ...]
     _fork_waits: bool
+    _call_ids: set[str] | None
 
     # Loop methods the other parts call (defined in `_machine.py`).
     def _boundary(self, now: float) -> None:
@@ -215,6 +219,9 @@ class MachineBase:
         raise NotImplementedError
 
     def _maybe_finish_cancel(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _retry_model(self, error: AgentError, now: float) -> bool:
         raise NotImplementedError
 
     def _add_phase(self, phase: Phase, seconds: float) -> None:

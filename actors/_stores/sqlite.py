@@ -40,6 +40,7 @@ from .store import (
     RevisionInfo,
     RunSummary,
     StoredRun,
+    check_record,
     join_snapshot,
     not_found,
     split_snapshot,
@@ -66,6 +67,14 @@ def _checked(blob: bytes, crc: int, run_id: str, what: str) -> bytes:
             row=what,
         )
     return blob
+
+
+def _report_refused(refused: list[tuple[Any, ValueError]]) -> set[int]:
+    """Tell the waiters of refused writes; the ids of their callbacks (never `on_stored`)."""
+    for done, exc in refused:
+        if isinstance(done, Future) and not done.done():
+            done.set_exception(exc)
+    return {id(done) for done, _ in refused if done is not None}
 
 
 def default_db_path() -> Path:
@@ -211,12 +220,14 @@ class SqliteStore(SqliteOwnership, CheckpointStore):
 
     def append_message(self, run_id: str, message: HostMessage) -> None:
         """Store a host message; returns once it is committed (durable steering)."""
+        check_record(message)
         self._submit(
             ("inbox", run_id, message.seq, encode(message, kind="host_message")), wait=True
         )
 
     def journal(self, run_id: str, result: ToolResult | SubagentResult) -> None:
         """Queue a tool result for the journal (committed in the next batch)."""
+        check_record(result)
         self._submit(("journal", run_id, result.call_id, encode(result, kind="entry")), wait=False)
 
     def write_checkpoint(
@@ -291,13 +302,14 @@ class SqliteStore(SqliteOwnership, CheckpointStore):
 
     def _commit(self, conn: sqlite3.Connection, batch: list[tuple[Any, Any]]) -> None:
         fenced: set[str] = set()
+        refused: list[tuple[Any, ValueError]] = []
         try:
             # IMMEDIATE: the fence check reads the lease and the write follows in the same
             # transaction; a deferred one could not upgrade after another process's claim.
             conn.execute("BEGIN IMMEDIATE")
             checked: dict[str, bool] = {}
-            for op, _ in batch:
-                self._apply(conn, op, checked)
+            for item in batch:
+                self._apply_one(conn, item, refused, checked)
             conn.execute("COMMIT")
             fenced = {run_id for run_id, ok in checked.items() if not ok}
         except BaseException as exc:  # noqa: BLE001 - reported to every waiter, and logged
@@ -314,7 +326,10 @@ class SqliteStore(SqliteOwnership, CheckpointStore):
                         )
                     )
             return
+        skip = _report_refused(refused)
         for op, done in batch:
+            if id(done) in skip:
+                continue  # not stored: no on_stored (the run's writes stay held)
             if isinstance(done, Future):
                 if not done.done():
                     done.set_result(None)
@@ -365,6 +380,30 @@ class SqliteStore(SqliteOwnership, CheckpointStore):
                         del self._held[run_id]
         checked[run_id] = ok
         return ok
+
+    def _apply_one(
+        self,
+        conn: sqlite3.Connection,
+        item: tuple[Any, Any],
+        refused: list[tuple[Any, ValueError]],
+        checked: dict[str, bool],
+    ) -> None:
+        """Apply one write inside its own savepoint: a value the codec refuses (entry points
+        check with the same `check_storable`, so this is a last line) rolls back that write
+        alone and is reported to its waiter; the rest of the batch commits."""
+        op, done = item
+        conn.execute("SAVEPOINT op")
+        try:
+            self._apply(conn, op, checked)
+        except ValueError as exc:
+            conn.execute("ROLLBACK TO op")
+            conn.execute("RELEASE op")
+            if op[0] == "checkpoint":
+                self._static_written.discard(op[1])
+            _log.error("sqlite_write_refused", path=str(self.path), op=op[0], error=str(exc))
+            refused.append((done, exc))
+            return
+        conn.execute("RELEASE op")
 
     def _apply(
         self, conn: sqlite3.Connection, op: tuple[Any, ...], checked: dict[str, bool]

@@ -115,7 +115,8 @@ def main() -> None:
         f"({n} messages; targets p50 <= 20 ms, p99 <= 100 ms)"
     )
     print(
-        f"W10 floor, commit in B -> data_version in A: p50 {f50 * 1e3:.3f} ms, p99 {f99 * 1e3:.3f} ms"
+        f"W10 floor, commit in B -> data_version in A: p50 {f50 * 1e3:.3f} ms, "
+        f"p99 {f99 * 1e3:.3f} ms"
     )
     print(f"load average: {os.getloadavg()}")
 
