@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from steerable.actors import Runtime, SqliteStore
-from steerable.protocol import AskUser, Finish, RunView
+from steerable.protocol import AskUser, Finish, RunConfig, RunView
 
 
 class Echo:
@@ -48,7 +48,8 @@ class Echo:
 
 def owner(db: str, total: int) -> None:
     with Runtime(store=SqliteStore(db)) as rt:
-        handle = rt.start("w10", agent=Echo(total))
+        config = RunConfig(max_model_calls=total + 10, max_steps=total + 10)
+        handle = rt.start("w10", agent=Echo(total), config=config)
         handle._cell.stored.wait(30.0)
         rt.store.flush()
         print("run", handle.run_id, flush=True)
