@@ -185,8 +185,18 @@ class CheckpointStore(ABC):
         """Store one accepted host message (the durable inbox); must be stored on return."""
 
     @abstractmethod
-    def journal(self, run_id: str, result: ToolResult | SubagentResult) -> None:
-        """Store one call's result as it arrives, before its plan completes."""
+    def journal(
+        self,
+        run_id: str,
+        result: ToolResult | SubagentResult,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
+        """Store one call's result as it arrives, before its plan completes.
+
+        A store that writes later (a writer thread) calls `on_failed(error)` if it gives the
+        write up; it must be quick (a `tell`).
+        """
 
     @abstractmethod
     def write_checkpoint(
@@ -197,13 +207,17 @@ class CheckpointStore(ABC):
         entries_from: int,
         entries: Sequence[TranscriptEntry],
         on_stored: Callable[[], None] | None = None,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
     ) -> None:
         """Store revision `revision`: `snapshot` (a RunSnapshot body) and the new entries.
 
         May return before the data is on disk (a writer thread), but revisions of one run
         are stored in order and a later `load` sees every revision written before it.
         `on_stored()` is called once the revision is stored (committed, for a durable store);
-        it must be quick (a `tell`).
+        `on_failed(error)` instead if the store gave the write up (`store_unavailable`),
+        exactly one of the two. Both must be quick (a `tell`). A revision whose predecessor
+        was given up must not be stored (it would hold a transcript with a hole).
         """
 
     @abstractmethod
@@ -266,7 +280,14 @@ class MemoryStore(CheckpointStore):
         with self._lock:
             self._run(run_id).messages.append(message)
 
-    def journal(self, run_id: str, result: ToolResult | SubagentResult) -> None:
+    def journal(
+        self,
+        run_id: str,
+        result: ToolResult | SubagentResult,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
+        del on_failed  # kept in memory: it cannot fail later
         with self._lock:
             self._run(run_id).journal[result.call_id] = result
 
@@ -278,7 +299,10 @@ class MemoryStore(CheckpointStore):
         entries_from: int,
         entries: Sequence[TranscriptEntry],
         on_stored: Callable[[], None] | None = None,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
     ) -> None:
+        del on_failed  # stored before this returns, or it raises
         dynamic = {k: v for k, v in snapshot.items() if k not in _STATIC}
         with self._lock:
             run = self._run(run_id)
