@@ -30,7 +30,6 @@ from steerable.protocol import (
     ErrorCode,
     EventKind,
     HookName,
-    HostMessage,
     Phase,
     RunEvent,
     RunOutcome,
@@ -43,69 +42,15 @@ from steerable.protocol import (
 )
 
 from .jobs import Accept, Decided, DecideJob, HookDone, HookJob, ToolDone, ToolJob
+from .messages import Begin, CancelNow, ChildDone, HostMsg, Stored, StoreFailed, TimerFired
 
 if TYPE_CHECKING:
     from .cell import RunCell
-    from .runtime import Services
+    from .services import Services
 
-__all__ = ["Begin", "ChildDone", "HostMsg", "RunSupervisor", "TimerFired"]
+__all__ = ["RunSupervisor"]
 
 _log = get_logger("steerable.supervisor")
-
-
-@dataclass(slots=True)
-class Begin:
-    """Message: start the run, or resume a restored one with the messages stored since."""
-
-    resume: bool = False
-    messages: tuple[HostMessage, ...] = ()
-    wake: bool = False
-
-
-@dataclass(slots=True)
-class HostMsg:
-    """Message: a host message was accepted (and stored) for this run."""
-
-    message: HostMessage
-
-
-@dataclass(slots=True)
-class TimerFired:
-    """Message: a timer of this run fired."""
-
-    kind: TimerKind
-    key: str
-    attempt: int
-
-
-@dataclass(slots=True)
-class Stored:
-    """Message: the store holds revision `revision` of this run (committed)."""
-
-    revision: int
-
-
-@dataclass(slots=True)
-class StoreFailed:
-    """Message: the store gave up a write of this run (revision -1: a journal entry)."""
-
-    revision: int
-    error: AgentError
-
-
-@dataclass(slots=True)
-class CancelNow:
-    """Message: the host is cancelling the run (ahead of its stored CancelRequest)."""
-
-    reason: str
-
-
-@dataclass(slots=True)
-class ChildDone:
-    """Message: the child run of subagent call `call_id` reached its terminal state."""
-
-    call_id: str
-    outcome: RunOutcome
 
 
 @dataclass(slots=True)
@@ -186,7 +131,7 @@ class RunSupervisor(SteerableActor, MuxActor):
             and not self._work
             and self._stored >= machine.revision  # a passivated run lives in its checkpoint
         ):
-            self.services.park(self)
+            self.services.host.park(self)
         return None
 
     def _on_tool_done(self, message: ToolDone, now: float) -> None:
@@ -251,7 +196,7 @@ class RunSupervisor(SteerableActor, MuxActor):
             self.cell.state = self.machine.state
         except BaseException as again:  # noqa: BLE001 - last resort: settle the host's future
             self._log.error("supervisor_abort_failed", exc_info=again)
-            self.cell.fail(error)
+            self.outcome_published(self.cell.fail(error))
 
     def stopping(self) -> None:
         """On stop: cancel timers; in-flight work of a live run is abandoned."""
@@ -421,7 +366,7 @@ class RunSupervisor(SteerableActor, MuxActor):
     def start_child(self, job: ChildJob) -> None:
         """Start (or resume) the child run of a subagent call (R3: its own run id)."""
         self._children[job.call_id] = job.run_id
-        self.services.start_child(self, job)
+        self.services.host.start_child(self.cell, job)
 
     def cancel_work(self, key: str, reason: str) -> None:
         """Signal a call's (or the model call's) cancel scope; async work is cancelled too.
@@ -430,7 +375,7 @@ class RunSupervisor(SteerableActor, MuxActor):
         """
         child = self._children.get(key)
         if child is not None:
-            self.services.cancel_child(child, reason)
+            self.services.host.cancel_child(child, reason)
             return
         work = self._work.get(key)
         if work is not None:
@@ -458,7 +403,7 @@ class RunSupervisor(SteerableActor, MuxActor):
         """Stop waiting for work that did not stop; its worker is never reused (T3)."""
         child = self._children.pop(key, None)
         if child is not None:
-            self.services.cancel_child(child, "abandoned by its parent")
+            self.services.host.cancel_child(child, "abandoned by its parent")
             return
         work = self._work.pop(key, None)
         if work is None:
@@ -494,7 +439,7 @@ class RunSupervisor(SteerableActor, MuxActor):
             handle.cancel()
 
     def emit(self, kind: EventKind, phase: Phase | None, data: dict[str, Any]) -> None:
-        """Append to the event stream; fire the hooks of this moment on the hook worker.
+        """Append to the event stream; fire the hooks of this moment on a hook worker.
 
         `run_ended` waits for the terminal checkpoint to be stored: hosts and `on_finish`
         hooks learn the state the store holds.
@@ -677,9 +622,31 @@ class RunSupervisor(SteerableActor, MuxActor):
             return
         self._outcome = None
         # Leave the directory first: once result() returns, the run is no longer live.
-        self.services.run_ended(self.cell.run_id)
+        self.services.host.run_ended(self.cell.run_id)
         self.cell.settle(outcome)
+        self.outcome_published(outcome)
         self.actor_ref.stop(block=False)  # queued: handled after this message
+
+    def outcome_published(self, outcome: RunOutcome) -> None:
+        """The run's outcome is settled on its cell. A top-level run tells nobody else."""
+
+    # ------------------------------------------------------------------ Parkable
+
+    def inbox_empty(self) -> bool:
+        """Whether no message waits in this actor's inbox."""
+        return self.actor_inbox.empty()
+
+    def parked_state(self) -> tuple[float | None, dict[str, dict[str, Any]]]:
+        """The run's deadline and the validated arguments of its unfinished calls.
+
+        The store holds secrets only as references, so a woken run gets these from memory.
+        """
+        machine = self.machine
+        return machine.deadline, {c.call_id: c.arguments for c in machine.plan if c.result is None}
+
+    def stop_parked(self) -> None:
+        """Stop without waiting: the run now lives in the store until its next message."""
+        self.actor_ref.stop(block=False)
 
 
 _HANDLERS: dict[type, Callable[[RunSupervisor, Any, float], None]] = {

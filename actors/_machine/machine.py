@@ -437,7 +437,11 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
                 self.transcript.append(msg)
                 delivered.append(msg)
                 self._m["messages_delivered"] += 1
-                self.fx.emit(EventKind.MESSAGE_DELIVERED, Phase.OBSERVE, {"seq": msg.seq})
+                self.fx.emit(
+                    EventKind.MESSAGE_DELIVERED,
+                    Phase.OBSERVE,
+                    {"seq": msg.seq, "content": msg.content, "mode": msg.mode.value},
+                )
         if self.model_calls >= self.config.max_model_calls:
             self._exhaust("max_model_calls", self.config.max_model_calls)
             return
