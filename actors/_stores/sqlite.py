@@ -14,6 +14,7 @@ leave a later revision with a hole in its transcript (docs/reliability.md, "Stor
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import sqlite3
@@ -23,7 +24,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from steerable.actors._engine.log import get_logger
 from steerable.protocol import (
@@ -43,6 +44,7 @@ from .store import (
     RevisionInfo,
     RunSummary,
     StoredRun,
+    corrupt_row,
     join_snapshot,
     not_found,
     split_snapshot,
@@ -76,6 +78,7 @@ CREATE TABLE IF NOT EXISTS journal (
 """
 
 _STOP = object()
+_T = TypeVar("_T")
 
 _TRANSIENT = frozenset({5, 6, 13})
 """SQLite primary result codes worth retrying: SQLITE_BUSY, SQLITE_LOCKED, SQLITE_FULL."""
@@ -188,6 +191,77 @@ def _notify_failed(done: Any, failed: Any, error: SteerableError) -> None:
             failed(error.error)  # on_failed: a tell to the run whose write this was
         except Exception:  # noqa: BLE001 - the writer must go on
             _log.error("on_failed_failed", exc_info=True)
+
+
+def _named(run_id: str, revision: int | None, read: Callable[[], _T]) -> _T:
+    """`read()`, with every way a crafted row can fail it turned into `checkpoint_corrupt`
+    naming the run and revision."""
+    try:
+        return read()
+    except SteerableError as exc:
+        if exc.code is not ErrorCode.CHECKPOINT_CORRUPT or exc.error.details.get("run_id"):
+            raise
+        raise corrupt_row(run_id, revision, exc.error.message) from None
+    except (KeyError, TypeError, ValueError, OverflowError, RecursionError, MemoryError) as exc:
+        raise corrupt_row(run_id, revision, f"{type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _decoded(blob: bytes, crc: int, run_id: str, revision: int | None, what: str, kind: str) -> Any:
+    return _named(run_id, revision, lambda: decode(_checked(blob, crc, run_id, what), kind=kind))
+
+
+def _revision_info(run_id: str, revision: int | None, blob: bytes, crc: int) -> RevisionInfo:
+    _, body = decode_body(_checked(blob, crc, run_id, f"revision {revision}"), kind="snapshot")
+    if not isinstance(body, dict):
+        raise TypeError("the revision is not a map")
+    info = RevisionInfo(
+        run_id=run_id,
+        revision=_int(body["revision"]),
+        state=RunState(body["state"]),
+        transcript_len=_int(body["transcript_len"]),
+        updated_at=_number(body["updated_at"]),
+    )
+    if info.revision != revision:
+        raise ValueError(f"the row of revision {revision} holds revision {info.revision}")
+    return info
+
+
+def _summary(row: tuple[Any, ...]) -> RunSummary:
+    run_id = row[0]
+    if not isinstance(run_id, str):
+        raise corrupt_row(repr(run_id)[:40], None, "the run id is not text")
+    revision = row[2] if type(row[2]) is int else None
+    return _named(
+        run_id,
+        revision,
+        lambda: RunSummary(
+            run_id=run_id,
+            state=RunState(row[1]),
+            revision=_int(row[2]),
+            task=_text(row[3]),
+            agent=_text(row[4]),
+            parent_run_id=None if row[5] is None else _text(row[5]),
+            updated_at=_number(row[6]),
+        ),
+    )
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, found {type(value).__name__}")
+    return value
+
+
+def _number(value: Any) -> float:
+    if type(value) not in (int, float):
+        raise TypeError(f"expected a number, found {type(value).__name__}")
+    return float(value)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected text, found {type(value).__name__}")
+    return value
 
 
 def _incompatible(message: str, **details: Any) -> SteerableError:
@@ -630,9 +704,10 @@ class SqliteStore(CheckpointStore):
         """Load a run at `revision` (None: the latest).
 
         Raises:
-            SteerableError: `not_found`; `checkpoint_corrupt` for a row whose checksum fails
-                (bit flips, truncation), a missing transcript entry or a record that does not
-                decode; `checkpoint_incompatible` for a newer format.
+            SteerableError: `not_found`; `checkpoint_corrupt` (naming the run and revision)
+                for a row whose checksum fails (bit flips, truncation), a missing transcript
+                entry or a record that does not decode or validate; `checkpoint_incompatible`
+                for a newer format.
         """
         self.flush()
         conn = self._reader()
@@ -651,9 +726,16 @@ class SqliteStore(CheckpointStore):
             ).fetchone()
             if rev is None:
                 raise not_found(run_id, revision)
-            snapshot = join_snapshot(
-                _checked(static_blob, static_crc, run_id, "run"),
-                _checked(rev[0], rev[1], run_id, f"revision {wanted}"),
+            at = wanted if type(wanted) is int else None
+            snapshot = _named(
+                run_id,
+                at,
+                lambda: join_snapshot(
+                    _checked(static_blob, static_crc, run_id, "run"),
+                    _checked(rev[0], rev[1], run_id, f"revision {wanted}"),
+                    run_id=run_id,
+                    revision=at,
+                ),
             )
             entries = conn.execute(
                 "SELECT idx, entry, crc FROM entries WHERE run_id=? AND idx<? ORDER BY idx",
@@ -671,56 +753,59 @@ class SqliteStore(CheckpointStore):
                 ).fetchall()
         finally:
             conn.execute("COMMIT")
+        if snapshot.revision != wanted:
+            raise corrupt_row(run_id, at, f"the row holds revision {snapshot.revision}")
         if len(entries) != snapshot.transcript_len or any(
             idx != i for i, (idx, _, _) in enumerate(entries)
         ):
-            raise _corrupt(
-                f"run {run_id}: transcript has {len(entries)} of {snapshot.transcript_len} entries",
-                run_id=run_id,
+            raise corrupt_row(
+                run_id,
+                at,
+                f"transcript has {len(entries)} of {snapshot.transcript_len} entries",
             )
         return StoredRun(
             snapshot=snapshot,
-            transcript=[
-                decode(_checked(b, c, run_id, f"entry {i}"), kind="entry") for i, b, c in entries
-            ],
+            transcript=[_decoded(b, c, run_id, at, f"entry {i}", "entry") for i, b, c in entries],
             journal={
-                cid: decode(_checked(b, c, run_id, f"journal {cid}"), kind="entry")
-                for cid, b, c in journal
+                cid: _decoded(b, c, run_id, at, f"journal {cid}", "entry") for cid, b, c in journal
             },
             messages=[
-                decode(_checked(b, c, run_id, f"message {seq}"), kind="host_message")
+                _decoded(b, c, run_id, at, f"message {seq}", "host_message")
                 for seq, b, c in messages
             ],
         )
 
     def revisions(self, run_id: str) -> list[RevisionInfo]:
-        """Every revision of a run, oldest first."""
+        """Every revision of a run, oldest first.
+
+        Raises:
+            SteerableError: `not_found`; `checkpoint_corrupt` naming the run and revision of
+                a row that does not hold a revision.
+        """
         self.flush()
         rows = (
             self._reader()
             .execute(
-                "SELECT snapshot, crc FROM revisions WHERE run_id=? ORDER BY revision", (run_id,)
+                "SELECT revision, snapshot, crc FROM revisions WHERE run_id=? ORDER BY revision",
+                (run_id,),
             )
             .fetchall()
         )
         if not rows:
             raise not_found(run_id)
         out = []
-        for blob, crc in rows:
-            _, body = decode_body(_checked(blob, crc, run_id, "revision"), kind="snapshot")
-            out.append(
-                RevisionInfo(
-                    run_id=run_id,
-                    revision=body["revision"],
-                    state=RunState(body["state"]),
-                    transcript_len=body["transcript_len"],
-                    updated_at=body["updated_at"],
-                )
-            )
+        for number, blob, crc in rows:
+            at = number if type(number) is int else None
+            out.append(_named(run_id, at, functools.partial(_revision_info, run_id, at, blob, crc)))
         return out
 
     def runs(self) -> list[RunSummary]:
-        """Every run in the store, oldest first (run ids sort by creation time)."""
+        """Every run in the store, oldest first (run ids sort by creation time).
+
+        Raises:
+            SteerableError: `checkpoint_corrupt` naming the run of a row that does not hold
+                a run summary (a state steerable does not have, a column of the wrong type).
+        """
         self.flush()
         rows = (
             self._reader()
@@ -730,18 +815,7 @@ class SqliteStore(CheckpointStore):
             )
             .fetchall()
         )
-        return [
-            RunSummary(
-                run_id=r[0],
-                state=RunState(r[1]),
-                revision=r[2],
-                task=r[3],
-                agent=r[4],
-                parent_run_id=r[5],
-                updated_at=r[6],
-            )
-            for r in rows
-        ]
+        return [_summary(row) for row in rows]
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"

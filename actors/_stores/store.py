@@ -30,6 +30,7 @@ from steerable.protocol import (
     TranscriptEntry,
 )
 from steerable.protocol._codec import decode_body
+from steerable.protocol._shape import first_shape_error
 
 __all__ = [
     "CheckpointStore",
@@ -37,6 +38,7 @@ __all__ = [
     "RevisionInfo",
     "RunSummary",
     "StoredRun",
+    "corrupt_row",
     "join_snapshot",
     "split_snapshot",
 ]
@@ -94,25 +96,59 @@ def split_snapshot(snapshot: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     return static, dynamic
 
 
-def join_snapshot(static_blob: bytes, dynamic_blob: bytes) -> RunSnapshot:
+def join_snapshot(
+    static_blob: bytes, dynamic_blob: bytes, *, run_id: str = "?", revision: int | None = None
+) -> RunSnapshot:
     """Decode and validate a snapshot stored as its two parts.
 
     Raises:
-        SteerableError: `checkpoint_corrupt` or `checkpoint_incompatible`.
+        SteerableError: `checkpoint_corrupt` (naming `run_id` and `revision`) or
+            `checkpoint_incompatible`.
     """
     _, static = decode_body(static_blob, kind="snapshot")
     _, dynamic = decode_body(dynamic_blob, kind="snapshot")
-    if not isinstance(static, dict) or not isinstance(dynamic, dict):
-        raise SteerableError(
-            AgentError.of(ErrorCode.CHECKPOINT_CORRUPT, "a snapshot part is not a map")
+    for part in (static, dynamic):
+        if not isinstance(part, dict):
+            raise corrupt_row(run_id, revision, "a snapshot part is not a map")
+        if not part.keys() <= _SNAPSHOT_KEYS:  # before merging a crafted part's millions
+            extra = next(k for k in part if k not in _SNAPSHOT_KEYS)
+            raise corrupt_row(
+                run_id,
+                revision,
+                f"snapshot does not validate: unknown key {str(extra)[:40]!r} "
+                f"(of {len(part)} keys)",
+            )
+    return _validated({**static, **dynamic}, run_id=run_id, revision=revision)
+
+
+def corrupt_row(run_id: str, revision: int | None, problem: str, **details: Any) -> SteerableError:
+    """`checkpoint_corrupt` for a stored row of run `run_id` (at `revision`, if known)."""
+    where = f"run {run_id}" if revision is None else f"run {run_id} revision {revision}"
+    return SteerableError(
+        AgentError.of(
+            ErrorCode.CHECKPOINT_CORRUPT,
+            f"{where}: {problem}",
+            run_id=run_id,
+            revision=revision,
+            **details,
         )
-    return _validated({**static, **dynamic})
+    )
 
 
-def _validated(body: dict[str, Any]) -> RunSnapshot:
+_MAX_LISTED_ERRORS = 5
+_SNAPSHOT_KEYS = frozenset(RunSnapshot.model_fields)
+
+
+def _validated(
+    body: dict[str, Any], *, run_id: str = "?", revision: int | None = None
+) -> RunSnapshot:
+    # The shape first: pydantic would build one error per unknown key of a crafted row.
+    problem = first_shape_error((RunSnapshot,), body)
+    if problem is not None:
+        raise corrupt_row(run_id, revision, f"snapshot does not validate: {problem}")
     metrics = body.get("metrics")
-    if isinstance(metrics, dict):  # counters kept once, at the top level
-        usage = body.get("usage") or {}
+    usage = body.get("usage") or {}
+    if isinstance(metrics, dict) and isinstance(usage, dict):  # counters kept once, at the top
         body = {
             **body,
             "metrics": {
@@ -126,15 +162,19 @@ def _validated(body: dict[str, Any]) -> RunSnapshot:
     try:
         return RunSnapshot.model_validate(body)
     except ValidationError as exc:
-        raise SteerableError(
-            AgentError.of(
-                ErrorCode.CHECKPOINT_CORRUPT,
-                f"snapshot does not validate: {exc.error_count()} errors",
-                errors=exc.errors(include_url=False, include_context=False, include_input=False)[
-                    :5
-                ],
-            )
+        count = exc.error_count()
+        listed = (
+            exc.errors(include_url=False, include_context=False, include_input=False)[
+                :_MAX_LISTED_ERRORS
+            ]
+            if count <= 100  # listing builds every error: only for a handful
+            else []
+        )
+        raise corrupt_row(
+            run_id, revision, f"snapshot does not validate: {count} errors", errors=listed
         ) from None
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise corrupt_row(run_id, revision, f"snapshot does not validate: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,7 +371,7 @@ class MemoryStore(CheckpointStore):
             entries = list(run.entries)
             journal = dict(run.journal) if latest else {}
             messages = list(run.messages)
-        snapshot = _validated(body)
+        snapshot = _validated(body, run_id=run_id, revision=index)
         return StoredRun(
             snapshot=snapshot,
             transcript=entries[: snapshot.transcript_len],
