@@ -20,11 +20,10 @@ import queue
 import sqlite3
 import threading
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from steerable.actors._engine.log import get_logger
 from steerable.protocol import (
@@ -37,8 +36,16 @@ from steerable.protocol import (
     ToolResult,
     TranscriptEntry,
 )
-from steerable.protocol._codec import decode, decode_body, encode, encode_body
+from steerable.protocol._codec import encode, encode_body
 
+from .sqlite_files import (
+    notify_failed,
+    notify_stored,
+    private_file,
+    transient,
+    unavailable,
+)
+from .sqlite_rows import checked, checksum, decoded, named, revision_info, summary
 from .store import (
     CheckpointStore,
     RevisionInfo,
@@ -78,52 +85,10 @@ CREATE TABLE IF NOT EXISTS journal (
 """
 
 _STOP = object()
-_T = TypeVar("_T")
-
-_TRANSIENT = frozenset({5, 6, 13})
-"""SQLite primary result codes worth retrying: SQLITE_BUSY, SQLITE_LOCKED, SQLITE_FULL."""
-_TRANSIENT_TEXT = ("locked", "busy", "full")
 _ATTEMPT_BUSY = 1.0  # seconds one attempt waits for a lock; retries go on to `write_timeout`
 _PROBE = 0.25  # seconds of retrying a store whose last write was given up gets
 _FIRST_BACKOFF = 0.01
 _MAX_BACKOFF = 0.5
-
-
-def _transient(exc: BaseException) -> bool:
-    """Whether a failed write may succeed if tried again (a lock, a full disk)."""
-    if not isinstance(exc, sqlite3.OperationalError):
-        return False
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(code, int):
-        return code & 0xFF in _TRANSIENT
-    text = str(exc).lower()
-    return any(word in text for word in _TRANSIENT_TEXT)
-
-
-def unavailable(message: str, cause: BaseException | None = None, **details: Any) -> SteerableError:
-    """The `store_unavailable` error, with the underlying error in its details."""
-    if cause is not None:
-        details.setdefault("cause", f"{type(cause).__name__}: {cause}")
-        name = getattr(cause, "sqlite_errorname", None)
-        if isinstance(name, str):
-            details.setdefault("sqlite_error", name)
-    return SteerableError(AgentError.of(ErrorCode.STORE_UNAVAILABLE, message, **details))
-
-
-def _crc(blob: bytes) -> int:
-    return zlib.crc32(blob)
-
-
-def _checked(blob: bytes, crc: int, run_id: str, what: str) -> bytes:
-    """The row's bytes, if their checksum holds (the codec alone cannot see a flipped bit
-    inside a string or a number)."""
-    if not isinstance(blob, bytes) or zlib.crc32(blob) != crc:
-        raise _corrupt(
-            f"run {run_id}: {what} fails its checksum (damaged or truncated row)",
-            run_id=run_id,
-            row=what,
-        )
-    return blob
 
 
 def default_db_path() -> Path:
@@ -138,138 +103,8 @@ def default_db_path() -> Path:
     return Path(base) / "steerable" / "runs.db"
 
 
-def _private_dirs(folder: Path) -> None:
-    """Create `folder` and any missing parent 0700, whatever the umask (XDG base-directory
-    spec); folders that exist keep their mode."""
-    missing: list[Path] = []
-    while not folder.exists():
-        missing.append(folder)
-        if folder.parent == folder:
-            break
-        folder = folder.parent
-    for created in reversed(missing):
-        try:
-            created.mkdir(mode=0o700)
-        except FileExistsError:
-            continue  # made meanwhile by another process: its mode is its creator's
-        os.chmod(created, 0o700)  # mkdir's mode is masked by the umask
-
-
-def _private_file(path: Path) -> None:
-    """Create the database file 0600 if it is missing: SQLite gives its `-wal` and `-shm`
-    files the mode of the database file, so transcripts are never readable by others."""
-    if path.exists():
-        return
-    _private_dirs(path.parent)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return
-    try:
-        os.fchmod(fd, 0o600)  # os.open's mode is masked by the umask
-    finally:
-        os.close(fd)
-
-
-def _notify_stored(done: Any) -> None:
-    if isinstance(done, Future):
-        if not done.done():
-            done.set_result(None)
-    elif done is not None:
-        try:
-            done()  # on_stored: a tell to the run that waits for this revision
-        except Exception:  # noqa: BLE001 - the writer must go on
-            _log.error("on_stored_failed", exc_info=True)
-
-
-def _notify_failed(done: Any, failed: Any, error: SteerableError) -> None:
-    if isinstance(done, Future):
-        if not done.done():
-            done.set_exception(error)
-    elif failed is not None:
-        try:
-            failed(error.error)  # on_failed: a tell to the run whose write this was
-        except Exception:  # noqa: BLE001 - the writer must go on
-            _log.error("on_failed_failed", exc_info=True)
-
-
-def _named(run_id: str, revision: int | None, read: Callable[[], _T]) -> _T:
-    """`read()`, with every way a crafted row can fail it turned into `checkpoint_corrupt`
-    naming the run and revision."""
-    try:
-        return read()
-    except SteerableError as exc:
-        if exc.code is not ErrorCode.CHECKPOINT_CORRUPT or exc.error.details.get("run_id"):
-            raise
-        raise corrupt_row(run_id, revision, exc.error.message) from None
-    except (KeyError, TypeError, ValueError, OverflowError, RecursionError, MemoryError) as exc:
-        raise corrupt_row(run_id, revision, f"{type(exc).__name__}: {str(exc)[:200]}") from None
-
-
-def _decoded(blob: bytes, crc: int, run_id: str, revision: int | None, what: str, kind: str) -> Any:
-    return _named(run_id, revision, lambda: decode(_checked(blob, crc, run_id, what), kind=kind))
-
-
-def _revision_info(run_id: str, revision: int | None, blob: bytes, crc: int) -> RevisionInfo:
-    _, body = decode_body(_checked(blob, crc, run_id, f"revision {revision}"), kind="snapshot")
-    if not isinstance(body, dict):
-        raise TypeError("the revision is not a map")
-    info = RevisionInfo(
-        run_id=run_id,
-        revision=_int(body["revision"]),
-        state=RunState(body["state"]),
-        transcript_len=_int(body["transcript_len"]),
-        updated_at=_number(body["updated_at"]),
-    )
-    if info.revision != revision:
-        raise ValueError(f"the row of revision {revision} holds revision {info.revision}")
-    return info
-
-
-def _summary(row: tuple[Any, ...]) -> RunSummary:
-    run_id = row[0]
-    if not isinstance(run_id, str):
-        raise corrupt_row(repr(run_id)[:40], None, "the run id is not text")
-    revision = row[2] if type(row[2]) is int else None
-    return _named(
-        run_id,
-        revision,
-        lambda: RunSummary(
-            run_id=run_id,
-            state=RunState(row[1]),
-            revision=_int(row[2]),
-            task=_text(row[3]),
-            agent=_text(row[4]),
-            parent_run_id=None if row[5] is None else _text(row[5]),
-            updated_at=_number(row[6]),
-        ),
-    )
-
-
-def _int(value: Any) -> int:
-    if type(value) is not int:
-        raise TypeError(f"expected an integer, found {type(value).__name__}")
-    return value
-
-
-def _number(value: Any) -> float:
-    if type(value) not in (int, float):
-        raise TypeError(f"expected a number, found {type(value).__name__}")
-    return float(value)
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"expected text, found {type(value).__name__}")
-    return value
-
-
 def _incompatible(message: str, **details: Any) -> SteerableError:
     return SteerableError(AgentError.of(ErrorCode.CHECKPOINT_INCOMPATIBLE, message, **details))
-
-
-def _corrupt(message: str, **details: Any) -> SteerableError:
-    return SteerableError(AgentError.of(ErrorCode.CHECKPOINT_CORRUPT, message, **details))
 
 
 class SqliteStore(CheckpointStore):
@@ -338,7 +173,7 @@ class SqliteStore(CheckpointStore):
     def _open(self) -> sqlite3.Connection:
         """Create the file private to its owner, open it, and prove it can be written."""
         try:
-            _private_file(self.path)
+            private_file(self.path)
         except OSError as exc:
             raise unavailable(
                 f"cannot create {self.path}: {exc.strerror or exc}", exc, path=str(self.path)
@@ -532,9 +367,9 @@ class SqliteStore(CheckpointStore):
         for index, (_, done, failed) in enumerate(batch):
             why = error if error is not None else refused.get(index)
             if why is None:
-                _notify_stored(done)
+                notify_stored(done)
             else:
-                _notify_failed(done, failed, why)
+                notify_failed(done, failed, why)
 
     def _transact(
         self,
@@ -573,7 +408,7 @@ class SqliteStore(CheckpointStore):
                         AgentError.of(ErrorCode.INTERNAL_ERROR, f"storing failed: {exc!r}")
                     )
                 now = time.monotonic()
-                if _transient(exc) and now < deadline and not self._closing.is_set():
+                if transient(exc) and now < deadline and not self._closing.is_set():
                     self._retries += 1
                     _log.warning(
                         "sqlite_write_retry", path=str(self.path), attempt=attempt, error=str(exc)
@@ -599,7 +434,7 @@ class SqliteStore(CheckpointStore):
                     exc,
                     path=str(self.path),
                     attempts=attempt,
-                    transient=_transient(exc),
+                    transient=transient(exc),
                 )
             self._given_up = None
             return None
@@ -622,12 +457,12 @@ class SqliteStore(CheckpointStore):
             _, run_id, call_id, blob = op
             conn.execute(
                 "INSERT OR REPLACE INTO journal VALUES (?,?,?,?)",
-                (run_id, call_id, blob, _crc(blob)),
+                (run_id, call_id, blob, checksum(blob)),
             )
         elif kind == "inbox":
             _, run_id, seq, blob = op
             conn.execute(
-                "INSERT OR REPLACE INTO inbox VALUES (?,?,?,?)", (run_id, seq, blob, _crc(blob))
+                "INSERT OR REPLACE INTO inbox VALUES (?,?,?,?)", (run_id, seq, blob, checksum(blob))
             )
         return None
 
@@ -662,7 +497,7 @@ class SqliteStore(CheckpointStore):
                     revision,
                     snapshot["updated_at"],
                     blob,
-                    _crc(blob),
+                    checksum(blob),
                 ),
             )
             if cursor.rowcount == 1:
@@ -683,14 +518,14 @@ class SqliteStore(CheckpointStore):
         blob = encode_body("snapshot", dynamic)
         conn.execute(
             "INSERT OR REPLACE INTO revisions VALUES (?,?,?,?)",
-            (run_id, revision, blob, _crc(blob)),
+            (run_id, revision, blob, checksum(blob)),
         )
         if entries:
             conn.execute("DELETE FROM entries WHERE run_id=? AND idx>=?", (run_id, entries_from))
             rows = []
             for i, entry in enumerate(entries):
                 blob = encode(entry, kind="entry")
-                rows.append((run_id, entries_from + i, blob, _crc(blob)))
+                rows.append((run_id, entries_from + i, blob, checksum(blob)))
             conn.executemany("INSERT INTO entries VALUES (?,?,?,?)", rows)
         if not snapshot["plan"]:
             conn.execute("DELETE FROM journal WHERE run_id=?", (run_id,))
@@ -727,12 +562,12 @@ class SqliteStore(CheckpointStore):
             if rev is None:
                 raise not_found(run_id, revision)
             at = wanted if type(wanted) is int else None
-            snapshot = _named(
+            snapshot = named(
                 run_id,
                 at,
                 lambda: join_snapshot(
-                    _checked(static_blob, static_crc, run_id, "run"),
-                    _checked(rev[0], rev[1], run_id, f"revision {wanted}"),
+                    checked(static_blob, static_crc, run_id, "run"),
+                    checked(rev[0], rev[1], run_id, f"revision {wanted}"),
                     run_id=run_id,
                     revision=at,
                 ),
@@ -765,12 +600,12 @@ class SqliteStore(CheckpointStore):
             )
         return StoredRun(
             snapshot=snapshot,
-            transcript=[_decoded(b, c, run_id, at, f"entry {i}", "entry") for i, b, c in entries],
+            transcript=[decoded(b, c, run_id, at, f"entry {i}", "entry") for i, b, c in entries],
             journal={
-                cid: _decoded(b, c, run_id, at, f"journal {cid}", "entry") for cid, b, c in journal
+                cid: decoded(b, c, run_id, at, f"journal {cid}", "entry") for cid, b, c in journal
             },
             messages=[
-                _decoded(b, c, run_id, at, f"message {seq}", "host_message")
+                decoded(b, c, run_id, at, f"message {seq}", "host_message")
                 for seq, b, c in messages
             ],
         )
@@ -796,7 +631,7 @@ class SqliteStore(CheckpointStore):
         out = []
         for number, blob, crc in rows:
             at = number if type(number) is int else None
-            out.append(_named(run_id, at, functools.partial(_revision_info, run_id, at, blob, crc)))
+            out.append(named(run_id, at, functools.partial(revision_info, run_id, at, blob, crc)))
         return out
 
     def runs(self) -> list[RunSummary]:
@@ -815,7 +650,7 @@ class SqliteStore(CheckpointStore):
             )
             .fetchall()
         )
-        return [_summary(row) for row in rows]
+        return [summary(row) for row in rows]
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
