@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from ._base import Record
+from ._frozen import FrozenDict, FrozenMap
 
 __all__ = ["DEFAULT_RETRYABLE", "AgentError", "ErrorCode", "SteerableError"]
 
@@ -59,6 +60,8 @@ class ErrorCode(StrEnum):
     """A message was sent to a run that is already terminal (or a runtime that shut down)."""
     INTERNAL_ERROR = "internal_error"
     """A defect in steerable itself; please report it."""
+    TOOL_CRASHED = "tool_crashed"
+    """An isolated tool's worker died during the call (signal, exit, limit); see details."""
 
 
 DEFAULT_RETRYABLE: dict[ErrorCode, bool] = {
@@ -84,6 +87,7 @@ DEFAULT_RETRYABLE: dict[ErrorCode, bool] = {
     ErrorCode.NOT_FOUND: False,
     ErrorCode.RUN_ENDED: False,
     ErrorCode.INTERNAL_ERROR: False,
+    ErrorCode.TOOL_CRASHED: False,
 }
 """Whether each code is retryable when the reporter does not say otherwise."""
 
@@ -101,7 +105,7 @@ class AgentError(Record):
     code: ErrorCode
     message: str
     retryable: bool = False
-    details: dict[str, Any] = Field(default_factory=dict)
+    details: FrozenMap = Field(default_factory=FrozenDict)
 
     @classmethod
     def of(

@@ -60,7 +60,8 @@ class _Work:
     job: DecideJob | ToolJob
     scope: CancelScope
     attempt: int
-    handle: Any = None  # AsyncHandle for async work
+    handle: Any = None  # AsyncHandle for async work, RemoteHandle for remote work
+    remote: bool = False  # runs on an executor (a worker process, a Ray task): killable
 
 
 class RunSupervisor(SteerableActor, MuxActor):
@@ -304,7 +305,7 @@ class RunSupervisor(SteerableActor, MuxActor):
         cause = message.error
         what = "a journal entry" if message.revision < 0 else f"revision {message.revision}"
         error = AgentError.of(
-            ErrorCode.STORE_UNAVAILABLE,
+            cause.code,  # store_unavailable; internal_error for a write the codec refused
             f"the store could not keep {what} of run {self.cell.run_id}: {cause.message}",
             **{
                 **cause.details,
@@ -376,7 +377,10 @@ class RunSupervisor(SteerableActor, MuxActor):
         tool_job = ToolJob(tool, job.arguments, ctx, self.actor_ref)
         work = _Work(tool_job, scope, job.attempt)
         self._work[job.call_id] = work
-        if tool.is_async:
+        if tool.executor is not None:
+            work.remote = True
+            work.handle = tool_job.submit_remote(services.executors.get(tool.executor))
+        elif tool.is_async:
             work.handle = services.aloop.submit(tool_job.coroutine, tool_job.report)
         elif services.pool.is_saturated_by_abandoned():
             abandoned = services.pool.statistics()["workers_abandoned"]
@@ -433,24 +437,33 @@ class RunSupervisor(SteerableActor, MuxActor):
                 ),
             )
 
-    def abandon_work(self, key: str) -> None:
-        """Stop waiting for work that did not stop; its worker is never reused (T3)."""
+    def abandon_work(self, key: str) -> bool:
+        """Stop waiting for work that did not stop; its worker is never reused (T3).
+
+        Remote work (a process-isolated tool, a Ray task) is killed instead: True then, as
+        nothing of the call runs on (docs/isolation.md). False: a thread was left running.
+        """
         child = self._children.pop(key, None)
         if child is not None:
             self.services.host.cancel_child(child, "abandoned by its parent")
-            return
+            return False
         work = self._work.pop(key, None)
         if work is None:
             if key == MODEL_KEY:
                 self._held_decide = None
             self._release_held(key, None)
-            return
+            return False
+        if work.remote:
+            work.scope.detach()
+            # Killed before the scope is cancelled: the cooperative signal has had its chance.
+            return work.handle is None or bool(work.handle.kill())
         work.scope.cancel("abandoned")
         work.scope.detach()
         if work.handle is not None:
             work.handle.cancel()
         else:
             self.services.pool.abandon(work.job)
+        return False
 
     def schedule(self, kind: TimerKind, key: str, attempt: int, at: float) -> None:
         """Fire `TimerFired(kind, key, attempt)` into this actor's inbox at `at`."""

@@ -51,6 +51,7 @@ from .store import (
     RevisionInfo,
     RunSummary,
     StoredRun,
+    check_record,
     corrupt_row,
     join_snapshot,
     not_found,
@@ -261,7 +262,9 @@ class SqliteStore(CheckpointStore):
 
         Raises:
             SteerableError: `store_unavailable` if the write was given up (nothing stored).
+            TypeError, ValueError: `check_record` refuses the message; nothing is stored.
         """
+        check_record(message)
         self._check_open()
         done: Future[None] = Future()
         self._queue.put(
@@ -277,6 +280,7 @@ class SqliteStore(CheckpointStore):
         on_failed: Callable[[AgentError], None] | None = None,
     ) -> None:
         """Queue a tool result for the journal (committed in the next batch)."""
+        check_record(result)
         self._check_open()
         blob = encode(result, kind="entry")
         self._queue.put((("journal", run_id, result.call_id, blob), None, on_failed))
@@ -395,7 +399,7 @@ class SqliteStore(CheckpointStore):
             try:
                 conn.execute("BEGIN")
                 for index, (op, _, _) in enumerate(batch):
-                    why = self._apply(conn, op)
+                    why = self._apply_one(conn, op)
                     if why is not None:
                         refused[index] = why
                 conn.execute("COMMIT")
@@ -448,6 +452,29 @@ class SqliteStore(CheckpointStore):
                 conn.execute("ROLLBACK")
             except sqlite3.Error:  # the transaction is gone with the failure
                 _log.warning("sqlite_rollback_failed", path=str(self.path), exc_info=True)
+
+    def _apply_one(self, conn: sqlite3.Connection, op: tuple[Any, ...]) -> SteerableError | None:
+        """Apply one write inside its own savepoint: a value the codec refuses (entry points
+        check with the same `check_storable`, so this is a last line) rolls back that write
+        alone and is reported to its waiter; the rest of the batch commits."""
+        conn.execute("SAVEPOINT op")
+        try:
+            why = self._apply(conn, op)
+        except ValueError as exc:
+            conn.execute("ROLLBACK TO op")
+            conn.execute("RELEASE op")
+            if op[0] == "checkpoint":
+                self._static_written.discard(op[1])
+            _log.error("sqlite_write_refused", path=str(self.path), op=op[0], error=str(exc))
+            return SteerableError(
+                AgentError.of(
+                    ErrorCode.INTERNAL_ERROR,
+                    f"the codec refused a {op[0]} write that passed every entry check: {exc}",
+                    write=op[0],
+                )
+            )
+        conn.execute("RELEASE op")
+        return why
 
     def _apply(self, conn: sqlite3.Connection, op: tuple[Any, ...]) -> SteerableError | None:
         kind = op[0]
