@@ -28,6 +28,7 @@ from ._errors import AgentError, ErrorCode, SteerableError
 from ._events import RunEvent
 from ._messages import ApprovalRequest, HostMessage, TranscriptEntry
 from ._outcome import RunMetrics, RunOutcome
+from ._shape import first_shape_error
 
 __all__ = [
     "FORMAT_HISTORY",
@@ -484,6 +485,9 @@ def decode(data: bytes | bytearray | memoryview, *, kind: str | None = None) -> 
         ValueError: `kind` is not a kind the codec knows (a caller bug, not bad bytes).
     """
     found, body = decode_body(data, kind=kind)
+    problem = first_shape_error(_MEMBERS[found], body)
+    if problem is not None:  # before pydantic, which would build an error per bad key
+        raise _corrupt(f"the {found!r} record does not validate: {problem}")
     adapter = _ADAPTERS.get(found)
     if adapter is None:
         adapter = _ADAPTERS.setdefault(found, TypeAdapter(_KINDS[found]))

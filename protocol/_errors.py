@@ -52,6 +52,8 @@ class ErrorCode(StrEnum):
     """A subagent run ended in a state other than FINISHED."""
     RESOURCE_EXHAUSTED = "resource_exhausted"
     """The process refused more work: too many abandoned threads, or a thread could not start."""
+    STORE_UNAVAILABLE = "store_unavailable"
+    """The checkpoint store could not store (full, locked, read-only); nothing stored was lost."""
     NOT_FOUND = "not_found"
     """A run, revision or call id that the runtime does not know."""
     RUN_ENDED = "run_ended"
@@ -84,6 +86,7 @@ DEFAULT_RETRYABLE: dict[ErrorCode, bool] = {
     ErrorCode.HOOK_ERROR: False,
     ErrorCode.SUBAGENT_FAILED: False,
     ErrorCode.RESOURCE_EXHAUSTED: True,
+    ErrorCode.STORE_UNAVAILABLE: True,
     ErrorCode.NOT_FOUND: False,
     ErrorCode.RUN_ENDED: False,
     ErrorCode.RUN_OWNED: False,

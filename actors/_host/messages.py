@@ -19,6 +19,7 @@ __all__ = [
     "HostMsg",
     "LeaseLost",
     "LeaseRenewed",
+    "StoreFailed",
     "Stored",
     "TimerFired",
     "lease_lost_error",
@@ -55,6 +56,14 @@ class Stored:
     """Message: the store holds revision `revision` of this run (committed)."""
 
     revision: int
+
+
+@dataclass(slots=True)
+class StoreFailed:
+    """Message: the store gave up a write of this run (revision -1: a journal entry)."""
+
+    revision: int
+    error: AgentError
 
 
 @dataclass(slots=True)

@@ -29,6 +29,7 @@ from steerable.protocol._ids import idempotency_key
 from .base import MODEL_KEY, PLAN_KEY, RUN_KEY, Call, MachineBase, Stage, cancelled, jitter_unit
 from .children import ChildrenMixin
 from .effects import CallJob, TimerKind
+from .preview import preview
 from .recording import checked_arguments, recorded_arguments
 
 __all__ = ["ExecutionMixin"]
@@ -367,7 +368,13 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         self.fx.schedule(TimerKind.TOOL_TIMEOUT, call.call_id, call.attempt, deadline)
         if call.attempt == 1:
             self.fx.emit(
-                EventKind.TOOL_STARTED, Phase.EXECUTE, {"call_id": call.call_id, "tool": call.name}
+                EventKind.TOOL_STARTED,
+                Phase.EXECUTE,
+                {
+                    "call_id": call.call_id,
+                    "tool": call.name,
+                    "arguments": preview(call.arguments) if call.arguments else {},
+                },
             )
         self.fx.dispatch(
             CallJob(call.call_id, call.name, call.arguments, call.key, call.attempt, deadline)
@@ -450,6 +457,12 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 "ok": error is None,
                 "error": None if error is None else error.code.value,
                 "attempts": call.attempt,
+                "duration": duration,
+                **(
+                    {"value": preview(result.value)}
+                    if error is None
+                    else {"message": preview(error.message)}
+                ),
             },
         )
         if advance:

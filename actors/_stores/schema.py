@@ -103,8 +103,8 @@ def check_foreign(path: Path) -> bool:
         raise _error(ErrorCode.CHECKPOINT_CORRUPT, path, "not an SQLite database (unknown header)")
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
-    except sqlite3.Error as exc:
-        raise _error(ErrorCode.CHECKPOINT_CORRUPT, path, f"cannot open: {exc}") from None
+    except sqlite3.Error:
+        return True  # the store's own open reports what is wrong (`store_unavailable`)
     try:
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
         if app_id == APPLICATION_ID:
@@ -119,6 +119,10 @@ def check_foreign(path: Path) -> bool:
         row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         if row is None:
             raise foreign(path, "no schema_version in its meta table")
+        return True
+    except sqlite3.OperationalError:
+        # Cannot be read here (a read-only folder or file system with no -shm, a lock): the
+        # store's own open reports it (`store_unavailable`), and it writes nothing either.
         return True
     except sqlite3.DatabaseError as exc:
         raise _error(ErrorCode.CHECKPOINT_CORRUPT, path, f"unreadable: {exc}") from None

@@ -155,7 +155,7 @@ class SqliteOwnership:
         with self._held_lock:
             held = self._held.pop(run_id, None)
         if held is not None and held[0].instance_id == owner.instance_id and not self._closed:
-            self._queue.put((("release", run_id, owner.instance_id, held[1]), None))
+            self._queue.put((("release", run_id, owner.instance_id, held[1]), None, None))
 
     def claim_orphans(
         self, owner: Owner, ttl: float, agents: Collection[str], limit: int = 16
