@@ -68,6 +68,9 @@ class EventKind(StrEnum):
     SUBAGENT_FINISHED = "subagent_finished"
     MODEL_DELTA = "model_delta"
     """Live only (never stored): a piece of a streaming model call's text or tool calls."""
+    CUSTOM = "custom"
+    """An event of the tool's or agent's own (`ctx.emit`, `view.call.event`): `name`, `data`,
+    and `live` (True: for live readers only; False: kept with the run's stored events)."""
 
 
 HOOK_EVENTS: dict[EventKind, HookName] = {

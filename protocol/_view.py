@@ -54,6 +54,11 @@ class ModelCall(Protocol):
         """Publish a live-only `model_delta` event (never stored), in order with the run's."""
         ...
 
+    def event(self, name: str, data: Any = None, *, live: bool = True) -> None:
+        """Publish an event of the agent's own (kind `custom`, with this call's number); live
+        only unless `live=False`. A no-op once the call is cancelled or over."""
+        ...
+
 
 class Transcript(Sequence[TranscriptEntry]):
     """A read-only view of the first `n` entries of a run's append-only transcript."""

@@ -481,3 +481,64 @@ def test_a_model_that_reuses_call_ids_gets_unique_ones(runtime: Runtime) -> None
 def test_requests_never_leave_the_loopback(provider: str) -> None:
     with serve(provider, [Reply.say("x")]) as server:
         assert server.base_url.startswith("http://127.0.0.1:")
+
+
+def test_a_fork_continues_the_conversation_with_the_same_call_ids(
+    provider: str, runtime: Runtime
+) -> None:
+    script = [
+        Reply.call("add", {"a": 1, "b": 1}, id="k1"),
+        Reply.say("first ending"),
+        Reply.call("add", {"a": 2, "b": 2}, id="k1"),  # the fork's model reuses an id
+        Reply.say("second ending"),
+    ]
+    with serve(provider, script) as server:
+        handle = runtime.start("t", agent=agent_for(provider, server))
+        assert handle.result(timeout=WAIT).output == "first ending"
+        # The revision after the first plan's results: the boundary before model call 2.
+        revisions = runtime.revisions(handle.run_id)
+        boundary = next(r.revision for r in revisions if r.transcript_len == 2)
+        fork = runtime.fork(handle.run_id, boundary, agent=agent_for(provider, server))
+        assert fork.result(timeout=WAIT).output == "second ending"
+        fork_request = server.requests[3]
+    assigned = "c2.0" if provider == "openai" else "c2_0"  # Anthropic ids take no dots
+    assert conversation(provider, fork_request)[1:] == [
+        ("call", "k1:add"),
+        ("result", "k1=2"),
+        ("call", f"{assigned}:add"),
+        ("result", f"{assigned}=4"),
+    ]
+
+
+def test_provider_usage_feeds_the_token_budget(provider: str) -> None:
+    script = [Reply.call("add", {"a": 1, "b": 2}, usage=(30, 7)), Reply.say("never asked")]
+    config = RunConfig(token_budget=20)
+    with serve(provider, script) as server, Runtime(tools=[add], config=config) as rt:
+        outcome = rt.start("t", agent=agent_for(provider, server)).result(timeout=WAIT)
+        assert len(server.requests) == 1
+    assert outcome.state is RunState.EXHAUSTED
+    assert outcome.error is not None
+    assert outcome.error.details["budget"] == "token_budget"
+    assert outcome.metrics.input_tokens == 30
+
+
+def test_a_model_delegates_to_a_subagent_through_its_tool() -> None:
+    from steerable.actors.testing import ScriptedAgent
+    from steerable.protocol import Finish
+
+    child = ScriptedAgent([], then=Finish(output="Hotel Avenida"), name="researcher")
+    script = [
+        Reply.call("subagent_researcher", {"task": "find a hotel"}, id="d1"),
+        Reply.say("Stay at Hotel Avenida."),
+    ]
+    with serve("openai", script) as server, Runtime(agents={"researcher": child}) as rt:
+        outcome = rt.start("plan", agent=agent_for("openai", server)).result(timeout=WAIT)
+        first, second = server.requests
+    assert outcome.output == "Stay at Hotel Avenida."
+    names = [t["function"]["name"] for t in first.body["tools"]]
+    assert names == ["subagent_researcher"]
+    assert child.views[0].task == "find a hotel"
+    assert conversation("openai", second)[1:] == [
+        ("call", "d1:subagent_researcher"),
+        ("result", "d1=Hotel Avenida"),
+    ]

@@ -24,7 +24,10 @@ __all__ = ["LiveEvent", "ModelCallContext"]
 
 @dataclass(slots=True)
 class LiveEvent:
-    """Message: publish a live-only event (`data["live"]` is True); never stored.
+    """Message: publish an event from user code, in order with the run's own.
+
+    `data["live"]` says whether it is for live readers only (the default; `model_delta`
+    always is) or to be kept with the run's stored events.
 
     `model_call` ties it to one model call: it is dropped once that call is over (a late
     delta of a cancelled stream must not follow the events of the call after it).
@@ -34,6 +37,7 @@ class LiveEvent:
     data: dict[str, Any]
     model_call: int | None = None
     call_id: str | None = None
+    """A tool's event: dropped once that call is no longer running (abandoned or done)."""
 
 
 class ModelCallContext:
@@ -80,6 +84,21 @@ class ModelCallContext:
         payload = {"model_call": self.number, **data}
         with contextlib.suppress(pykka.ActorDeadError):
             tell_now(self._ref, LiveEvent(EventKind.MODEL_DELTA, payload, self.number))
+
+    def event(self, name: str, data: Any = None, *, live: bool = True) -> None:
+        """Publish an event of the agent's own (kind `custom`), as `ToolContext.emit` does for
+        tools: in order with the run's events, a no-op once the call is cancelled or over.
+
+        Raises:
+            TypeError: `name` is not a non-empty string.
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"an event name is a non-empty string, not {name!r}")
+        if self.scope.cancelled:
+            return
+        payload = {"name": name, "data": data, "model_call": self.number, "live": live}
+        with contextlib.suppress(pykka.ActorDeadError):
+            tell_now(self._ref, LiveEvent(EventKind.CUSTOM, payload, self.number))
 
     def __repr__(self) -> str:
         return f"<ModelCall {self.number} cancelled={self.cancelled}>"

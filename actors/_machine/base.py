@@ -135,17 +135,15 @@ def cancelled(
     reason: str, call: Call, *, abandoned: bool = False, killed: bool = False
 ) -> AgentError:
     """The `cancelled` error of one call; `killed`: its process was killed (docs/isolation.md)."""
-    error = AgentError.of(
+    return AgentError.of(
         ErrorCode.CANCELLED,
         f"{call.name} was cancelled ({reason})",
         call_id=call.call_id,
         tool=call.name,
         reason=reason,
         abandoned=abandoned and not killed,
+        **({"killed": True} if killed else {}),
     )
-    if killed:
-        error.details["killed"] = True
-    return error
 
 
 class MachineBase:

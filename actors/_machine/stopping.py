@@ -112,9 +112,8 @@ class StoppingMixin(MachineBase):
                     tool=call.name,
                     call_id=call.call_id,
                     scope="run",
+                    **({"killed": True} if call.call_id in killed else {}),
                 )
-                if call.call_id in killed:
-                    error.details["killed"] = True
                 self._complete(call, None, error, now, advance=False)
         self._terminate(
             RunState.ERROR,
