@@ -9,6 +9,7 @@ runtime's dispatcher (docs/pykka.md, last section), which makes "never block" lo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import pykka
 from steerable.actors._engine.base import SteerableActor
 from steerable.actors._engine.cancel import CancelScope
 from steerable.actors._engine.log import get_logger
-from steerable.actors._engine.mux import MuxActor
+from steerable.actors._engine.mux import MuxActor, tell_now
 from steerable.actors._machine.effects import CallJob, ChildJob, TimerKind
 from steerable.actors._machine.machine import MODEL_KEY, RunMachine
 from steerable.actors._tools.tool import Tool, ToolContext
@@ -41,6 +42,7 @@ from steerable.protocol import (
 )
 
 from .jobs import Accept, Decided, DecideJob, HookDone, HookJob, ToolDone, ToolJob
+from .live import LiveEvent, ModelCallContext
 from .messages import Begin, CancelNow, ChildDone, HostMsg, Stored, TimerFired
 
 if TYPE_CHECKING:
@@ -160,6 +162,22 @@ class RunSupervisor(SteerableActor, MuxActor):
         if self._children.pop(message.call_id, None) is not None:
             self.machine.child_done(message.call_id, message.outcome, now)
 
+    def _on_live(self, message: LiveEvent, now: float) -> None:
+        # Only while its call is in flight: a cancelled stream's late deltas, or an abandoned
+        # tool's progress, must not follow the events of what came after.
+        if message.call_id is not None:
+            if message.call_id not in self._work:
+                return
+            phase = Phase.EXECUTE
+        else:
+            if message.model_call != self.machine.model_in_flight:
+                return
+            phase = Phase.REASON
+        cell = self.cell
+        data = {"live": True, **message.data}
+        cell.events.append(cell.run_id, message.kind, phase, self._wall, data,
+                           cell.parent_run_id)  # fmt: skip
+
     def _on_hook_done(self, message: HookDone, now: float) -> None:
         self._hook_done(message.errors)
 
@@ -197,16 +215,21 @@ class RunSupervisor(SteerableActor, MuxActor):
 
     def decide(self, model_call: int, view: RunView, deadline: float) -> None:
         """Run the agent's decide on a worker (or the event loop for `async def decide`)."""
+        scope = self.cell.scope.child(deadline)
+        view = dataclasses.replace(view, call=ModelCallContext(model_call, scope, self.actor_ref))
         job = DecideJob(
             self.agent, view, self.accept, self.actor_ref, model_call, self.services.clock
         )
-        work = _Work(job, self.cell.scope.child(deadline), model_call)
+        work = _Work(job, scope, model_call)
         self._work[MODEL_KEY] = work
         if self._async_decide:
             started = self.services.clock.now()
-            work.handle = self.services.aloop.submit(
+            handle = work.handle = self.services.aloop.submit(
                 job.coroutine, lambda value, exc: job.report(started, value, exc)
             )
+            # A cancel or an interrupt reaches the coroutine at once: its HTTP request is
+            # closed (the provider stops billing) instead of running on until abandoned.
+            scope.on_cancel(lambda _reason: handle.cancel())
         elif not self.services.pool.submit(job):
             job.report(self.services.clock.now(), None, RuntimeError("the runtime is shut down"))
 
@@ -242,6 +265,16 @@ class RunSupervisor(SteerableActor, MuxActor):
                 return True
         return False
 
+    def _tool_emitter(self, call_id: str) -> Callable[[str, dict[str, Any], bool], None]:
+        """`ToolContext.emit` of one call: a `LiveEvent` told to this supervisor."""
+        ref = self.actor_ref
+
+        def emit(name: str, data: dict[str, Any], live: bool) -> None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                tell_now(ref, LiveEvent(EventKind.CUSTOM, {**data, "live": live}, call_id=call_id))
+
+        return emit
+
     def _start_call(self, tool: Tool[Any, Any], job: CallJob) -> None:
         services = self.services
         scope = self.cell.scope.child(job.deadline)
@@ -255,6 +288,7 @@ class RunSupervisor(SteerableActor, MuxActor):
             deadline=job.deadline,
             scope=scope,
             now=services.clock.now,
+            emit=self._tool_emitter(job.call_id),
         )
         tool_job = ToolJob(tool, job.arguments, ctx, self.actor_ref)
         work = _Work(tool_job, scope, job.attempt)
@@ -520,6 +554,7 @@ _HANDLERS: dict[type, Callable[[RunSupervisor, Any, float], None]] = {
     CancelNow: RunSupervisor._on_cancel_now,
     Stored: RunSupervisor._on_stored,
     HookDone: RunSupervisor._on_hook_done,
+    LiveEvent: RunSupervisor._on_live,
     Begin: RunSupervisor._on_begin,
 }
 """One handler per message type: a dict lookup, not a chain of isinstance checks."""

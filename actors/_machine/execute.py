@@ -17,6 +17,7 @@ from steerable.protocol import (
     RunState,
     SideEffect,
     SubagentCall,
+    SubagentResult,
     ToolCall,
     ToolResult,
     WaitingFor,
@@ -25,12 +26,15 @@ from steerable.protocol._frozen import FrozenDict
 from steerable.protocol._ids import call_id as make_call_id
 from steerable.protocol._ids import idempotency_key
 
-from .base import MODEL_KEY, PLAN_KEY, Call, MachineBase, Stage, cancelled, jitter_unit
+from .base import MODEL_KEY, PLAN_KEY, RUN_KEY, Call, MachineBase, Stage, cancelled, jitter_unit
 from .children import ChildrenMixin
 from .effects import CallJob, TimerKind
 from .recording import checked_arguments, recorded_arguments
 
 __all__ = ["ExecutionMixin"]
+
+_RESERVED_KEYS = frozenset({MODEL_KEY, RUN_KEY, PLAN_KEY, "hooks"})
+"""Work and timer keys of the run itself: never a call id."""
 
 
 class ExecutionMixin(ChildrenMixin, MachineBase):
@@ -115,8 +119,9 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         recorded: list[dict[str, Any] | None] = []
         executable = 0
         children = 0
+        taken = self._taken_call_ids(plan)
         for index, step in enumerate(plan.steps):
-            cid = make_call_id(self.decisions, index)
+            cid = self._call_id(step.id, index, taken)
             key = idempotency_key(self.run_id, cid)
             if isinstance(step, SubagentCall):
                 call = self._plan_subagent(index, cid, key, step, children)
@@ -127,7 +132,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 executable += ok
                 recorded.append(arguments)
             calls.append(call)
-        self._record_decision(plan, recorded)
+        self._record_decision(plan, calls, recorded)
         steps_left = self.config.max_steps - self.steps
         if executable > steps_left:
             # No half-run plans (docs/contract.md "Budgets at the edge").
@@ -163,24 +168,70 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             self._set_state(RunState.WAITING, approvals=len(approvals))
         self._after_call(now)
 
-    def _record_decision(self, plan: Plan, recorded: list[dict[str, Any] | None]) -> None:
-        """Record the decision with each step's arguments as `recorded_arguments` made them.
+    def _taken_call_ids(self, current: Plan) -> set[str]:
+        """Every call id this run has used; built from the transcript once per machine.
+
+        Built lazily so that a resumed or forked run (a new machine) knows the ids of its
+        history without the checkpoint having to carry them.
+        """
+        taken = self._call_ids
+        if taken is None:
+            taken = set(_RESERVED_KEYS)
+            for entry in self.transcript:
+                if isinstance(entry, ToolResult | SubagentResult):
+                    taken.add(entry.call_id)
+                elif (
+                    isinstance(entry, DecisionEntry)
+                    and isinstance(entry.decision, Plan)
+                    and entry.decision is not current  # the decision being planned now
+                ):
+                    taken.update(s.id for s in entry.decision.steps if s.id is not None)
+            self._call_ids = taken
+        return taken
+
+    def _call_id(self, own: str | None, index: int, taken: set[str]) -> str:
+        """The id a step runs under: the model's own if it is new to the run, else assigned.
+
+        Ids must be unique in the run: timers, work and late results are keyed by them, and
+        idempotency keys derive from them. A model that reuses ids (some servers number
+        calls per response) gets the runtime's `c<decision>.<index>` instead; the decision
+        entry records whichever id was used.
+        """
+        if own is not None and own not in taken:
+            taken.add(own)
+            return own
+        cid = make_call_id(self.decisions, index)
+        suffix = 0
+        while cid in taken:  # only after a model chose an id shaped like the runtime's
+            suffix += 1
+            cid = f"{make_call_id(self.decisions, index)}.{suffix}"
+        taken.add(cid)
+        return cid
+
+    def _record_decision(
+        self, plan: Plan, calls: list[Call], recorded: list[dict[str, Any] | None]
+    ) -> None:
+        """Record the decision with each step's call id and its arguments as
+        `recorded_arguments` made them (frozen, secrets redacted).
 
         Done before the plan can end any way (accepted, invalid, over budget): what the
         transcript keeps is storable and holds no secret in clear (R26).
         """
         steps = plan.steps
         unchanged = [
-            r is None or not isinstance(s, ToolCall) or r is s.arguments
-            for r, s in zip(recorded, steps, strict=True)
+            step.id == call.call_id
+            and (r is None or not isinstance(step, ToolCall) or r is step.arguments)
+            for step, call, r in zip(steps, calls, recorded, strict=True)
         ]
         if all(unchanged):
             return
         new_steps = tuple(
             step
-            if same or r is None or not isinstance(step, ToolCall)
-            else step.model_copy(update={"arguments": r})  # r is frozen
-            for step, r, same in zip(steps, recorded, unchanged, strict=True)
+            if same
+            else step.model_copy(update={"id": call.call_id})
+            if r is None or not isinstance(step, ToolCall)
+            else step.model_copy(update={"arguments": r, "id": call.call_id})  # r is frozen
+            for step, call, r, same in zip(steps, calls, recorded, unchanged, strict=True)
         )
         entry = self.transcript[-1]
         assert isinstance(entry, DecisionEntry)
