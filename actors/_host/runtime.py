@@ -12,7 +12,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
@@ -50,8 +50,15 @@ from .directory import RunDirectory, RunEntry
 from .events import EventLog
 from .handle import RunHandle
 from .jobs import Accept
+from .observing import Observability
 from .runtrees import RunTree, build_tree, check_compatible, start_child
 from .supervisor import Begin, CancelNow, RunSupervisor
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+    from steerable.actors._observe.feed import FeedStream
 
 __all__ = ["Agent", "RunTree", "Runtime", "Services"]
 
@@ -115,6 +122,9 @@ class Runtime:
             their next message (docs/requirements.md "Passivation"). Default True.
         hook_workers: Threads that run hooks (each run's hooks run one at a time, in order;
             a hung hook holds one thread until `hook_timeout`). Default 8.
+        tracer_provider, meter_provider: OpenTelemetry providers (extra `steerable[otel]`) for
+            spans of every run and the runtime's metrics (docs/observability.md). Default none.
+        capture_content: Record message and tool content on spans. Default False.
     """
 
     def __init__(
@@ -133,6 +143,9 @@ class Runtime:
         thread_stack_size: int | None = None,
         passivate: bool = True,
         hook_workers: int = 8,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        capture_content: bool = False,
     ) -> None:
         if thread_stack_size is not None:
             threading.stack_size(thread_stack_size)
@@ -175,6 +188,12 @@ class Runtime:
             agents=frozenset(self.agents),
         )
         self.directory = RunDirectory(self.services, passivate=passivate)
+        self._observing = Observability(
+            self.statistics,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+            capture_content=capture_content,
+        )
         dispatcher.start()
         timer.start()
         pool.start()
@@ -199,6 +218,19 @@ class Runtime:
 
         return unregister
 
+    def subscribe(self, callback: Callable[[RunEvent], object]) -> Callable[[], None]:
+        """Call `callback(event)` for every run's events from now on, on one feed thread, in
+        order; returns an unsubscribe (docs/observability.md)."""
+        return self._observing.subscribe(callback)
+
+    def feed(self, timeout: float | None = None) -> FeedStream:
+        """Every run's events from now on, for `async for` or `for` (docs/observability.md)."""
+        return self._observing.stream(timeout)
+
+    def flush_observers(self, timeout: float | None = 5.0) -> bool:
+        """Wait until every event so far reached the subscribers and bridges; True if so."""
+        return self._observing.feed.flush(timeout)
+
     # ------------------------------------------------------------------ runs
 
     def start(
@@ -213,6 +245,8 @@ class Runtime:
         hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None = None,
         compatibility: Compatibility | None = None,
         tools: Iterable[Tool[Any, Any] | Callable[..., Any]] | None = None,
+        trace_id: str | None = None,
+        traceparent: str | None = None,
     ) -> RunHandle:
         """Start a run of `agent` on `task`; returns at once with its handle.
 
@@ -227,22 +261,31 @@ class Runtime:
             hooks: Per-run hooks by name, added to the runtime's.
             compatibility: Fingerprints compared on resume (R22).
             tools: Tools for this run only, added to (or replacing by name) the runtime's.
+            trace_id, traceparent: The trace the run joins (32 hex digits, or a W3C
+                `traceparent` whose span the run's span nests under).
 
         Raises:
             SteerableError: code `run_ended` if the runtime is shut down.
+            ValueError: A malformed `trace_id` or `traceparent` (nothing started).
         """
         run_id = new_run_id()
-        trace_id = new_trace_id()
-        entry = self._entry(
-            RunCell(run_id, trace_id, None, EventLog(trace_id)),
-            agent,
-            config or self.config,
-            accept,
-            hooks,
-            compatibility,
-            tools,
-        )
         created = self.clock.wall()
+        trace_id, abandon = self._observing.begin(
+            run_id, agent, agent_name(agent), created, trace_id=trace_id, traceparent=traceparent
+        )
+        try:
+            entry = self._entry(
+                RunCell(run_id, trace_id, None, self._event_log(trace_id)),
+                agent,
+                config or self.config,
+                accept,
+                hooks,
+                compatibility,
+                tools,
+            )
+        except BaseException:
+            abandon()
+            raise
 
         def factory(sup: RunSupervisor) -> RunMachine:
             return RunMachine(
@@ -305,7 +348,7 @@ class Runtime:
             run_id,
             snap.trace_id,
             snap.parent_run_id,
-            EventLog(snap.trace_id),
+            self._event_log(snap.trace_id),
             next_seq=max([snap.last_seq, *(m.seq for m in stored.messages)]) + 1,
         )
         cell.revision = snap.revision
@@ -357,7 +400,7 @@ class Runtime:
         new_id = new_run_id()
         trace_id = new_trace_id()
         entry = self._entry(
-            RunCell(new_id, trace_id, None, EventLog(trace_id)),
+            RunCell(new_id, trace_id, None, self._event_log(trace_id)),
             agent,
             config or snap.config,
             accept,
@@ -439,6 +482,7 @@ class Runtime:
             "inbox_depth_max": dispatcher["inbox_depth_max"],
             "actors_live": dispatcher["actors_live"],
             "timers_pending": self.services.timer.statistics()["timers_pending"],
+            **self._observing.feed.statistics(),
         }
 
     # ------------------------------------------------------------------ shutdown
@@ -484,6 +528,7 @@ class Runtime:
         left = services.pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += services.hook_pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += services.aloop.shutdown(timeout=max(0.1, deadline - self.clock.now()))
+        left += self._observing.close(self.clock.wall(), max(0.1, deadline - self.clock.now()))
         self.store.close()
         if left:
             _log.warning("threads_abandoned_at_shutdown", threads=left)
@@ -511,6 +556,7 @@ class Runtime:
             raise TypeError(f"agent {agent!r} has no decide(view) method")
         if self._closed:
             raise _shut_down()
+        self._observing.known(cell.run_id, agent)
         run_tools = dict(self.tools)
         for t in tools or ():
             wrapped = _as_tool(t)
@@ -554,6 +600,9 @@ class Runtime:
             callbacks = [cbs] if callable(cbs) else list(cbs)
             merged.setdefault(HookName(name), []).extend(callbacks)
         return merged
+
+    def _event_log(self, trace_id: str) -> EventLog:
+        return EventLog(trace_id, feed=self._observing.feed)
 
     def _steering(self, handle: RunHandle) -> SteeringMode:
         entry = self.directory.get(handle.run_id)

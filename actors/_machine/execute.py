@@ -352,6 +352,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 "ok": error is None,
                 "error": None if error is None else error.code.value,
                 "attempts": call.attempt,
+                "abandoned": error is not None and error.details.get("abandoned") is True,
             },
         )
         if advance:
@@ -379,6 +380,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 call_id=call_id,
                 side_effect="unknown",
                 idempotency_key=call.key,
+                abandoned=True,
             )
         else:
             error = AgentError.of(
@@ -387,6 +389,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 retryable=True,
                 tool=call.name,
                 call_id=call_id,
+                abandoned=True,
             )
         if not write and self._should_retry(call, error, now):
             return

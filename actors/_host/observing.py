@@ -1,0 +1,136 @@
+"""A runtime's observability wiring: its feed, its OpenTelemetry bridges, trace context in.
+
+Split from `runtime.py`: the `Runtime` keeps its public methods (`subscribe`, `feed`,
+`flush_observers`) and delegates here. Without a provider no OpenTelemetry code is imported
+or run; without a subscriber the feed has no thread and event logs push nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from steerable.actors._observe.context import check_trace_id, parse_traceparent
+from steerable.actors._observe.feed import Feed, FeedStream, Subscriber
+from steerable.protocol import new_trace_id
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+    from steerable.actors._observe.observer import Observer
+
+__all__ = ["Observability", "model_of"]
+
+_VERSION = "0.1.0"
+
+
+def model_of(agent: Any) -> str | None:
+    """The model an agent calls, if it says so (a string `model` attribute)."""
+    model = getattr(agent, "model", None)
+    return model if isinstance(model, str) and model else None
+
+
+class Observability:
+    """The runtime's event feed and, when the host passes providers, its bridges.
+
+    Args:
+        statistics: The runtime's `statistics()` (metrics' observable gauges).
+        tracer_provider: An OpenTelemetry `TracerProvider`: spans of every run.
+        meter_provider: An OpenTelemetry `MeterProvider`: the runtime's metrics.
+        capture_content: Record message and tool content on spans (default off).
+    """
+
+    def __init__(
+        self,
+        statistics: Callable[[], Mapping[str, int]],
+        *,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        capture_content: bool = False,
+    ) -> None:
+        self.feed = Feed()
+        self.observer: Observer | None = None
+        if tracer_provider is not None or meter_provider is not None:
+            from steerable.actors._observe.observer import Observer
+
+            self.observer = Observer(
+                tracer_provider=tracer_provider,
+                meter_provider=meter_provider,
+                statistics=statistics,
+                content=capture_content,
+                version=_VERSION,
+            )
+            self.feed.subscribe(self.observer)
+
+    def begin(
+        self,
+        run_id: str,
+        agent: Any,
+        agent_name: str,
+        at: float,
+        *,
+        trace_id: str | None,
+        traceparent: str | None,
+    ) -> tuple[str, Callable[[], None]]:
+        """The trace id of a new top-level run, and what to call if it does not start after all.
+
+        With tracing on, the run's span begins here (the host's thread), so its trace id is
+        the run's: the host's `traceparent`, else `trace_id`, else the host's current
+        OpenTelemetry context, else a new trace.
+
+        Raises:
+            ValueError: A malformed `trace_id` or `traceparent`, or both given and different.
+        """
+        parent = parse_traceparent(traceparent) if traceparent is not None else None
+        wanted = check_trace_id(trace_id) if trace_id is not None else None
+        if parent is not None and wanted is not None and parent.trace_id != wanted:
+            raise ValueError(
+                f"trace_id {wanted} differs from the traceparent's trace {parent.trace_id}"
+            )
+        observer = self.observer
+        spans = observer.spans if observer is not None else None
+        if observer is None or spans is None:
+            if observer is not None:
+                self.feed.call(lambda: observer.register(run_id, model_of(agent)))
+            chosen = parent.trace_id if parent is not None else wanted
+            return chosen or new_trace_id(), _nothing
+        model = model_of(agent)
+        attributes: dict[str, Any] = {"run_id": run_id, "depth": 0}
+        if model:
+            attributes["model"] = model
+        run_trace, span = spans.begin_root(
+            agent=agent_name, at=at, parent=parent, trace_id=wanted, attributes=attributes
+        )
+        self.feed.call(lambda: observer.register(run_id, model, span))
+
+        def abandon() -> None:
+            span.end()
+
+        return run_trace, abandon
+
+    def known(self, run_id: str, agent: Any) -> None:
+        """A run (resumed, forked or a child) is about to start: tell the bridges its model."""
+        observer = self.observer
+        model = model_of(agent)
+        if observer is not None and model:
+            self.feed.call(lambda: observer.register(run_id, model))
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """See `Runtime.subscribe`."""
+        return self.feed.subscribe(callback)
+
+    def stream(self, timeout: float | None) -> FeedStream:
+        """See `Runtime.feed`."""
+        return self.feed.stream(timeout)
+
+    def close(self, at: float, timeout: float) -> list[str]:
+        """Deliver what is queued, end open spans, stop the feed thread."""
+        observer = self.observer
+        if observer is not None:
+            self.feed.call(lambda: observer.close(at))
+        return self.feed.close(timeout)
+
+
+def _nothing() -> None:
+    return None
