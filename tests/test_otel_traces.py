@@ -427,6 +427,26 @@ def test_content_is_recorded_only_when_capture_is_on(
         assert attrs(one(spans, "invoke_agent mailer"))["steerable.task"] == SECRET_TASK
 
 
+@pytest.mark.parametrize("provider_kind", ["noop", "sampled_out"])
+def test_a_trace_that_records_nothing_costs_no_feed_traffic(provider_kind: str) -> None:
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+    from opentelemetry.trace import NoOpTracerProvider
+    from opentelemetry.trace import TracerProvider as ApiProvider
+
+    exporter = InMemorySpanExporter()
+    sdk = TracerProvider(sampler=ALWAYS_OFF)
+    sdk.add_span_processor(SimpleSpanProcessor(exporter))
+    chosen: ApiProvider = NoOpTracerProvider() if provider_kind == "noop" else sdk
+    with Runtime(tools=[lookup], tracer_provider=chosen) as rt:
+        handle = rt.start("t", agent=ModelAgent())
+        assert handle.result(WAIT).state is RunState.FINISHED
+        assert rt.flush_observers(WAIT)
+        assert rt.statistics()["feed_events_total"] == 0  # not even queued
+        assert len(handle.trace_id) == 32
+    assert exporter.get_finished_spans() == ()
+    sdk.shutdown()
+
+
 def test_without_a_provider_no_opentelemetry_code_is_imported_or_run() -> None:
     script = (
         "import sys, threading\n"

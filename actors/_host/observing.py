@@ -61,7 +61,7 @@ class Observability:
                 content=capture_content,
                 version=_VERSION,
             )
-            self.feed.subscribe(self.observer)
+            self.feed.subscribe(self.observer, internal=True)
 
     def begin(
         self,
@@ -72,12 +72,15 @@ class Observability:
         *,
         trace_id: str | None,
         traceparent: str | None,
-    ) -> tuple[str, Callable[[], None]]:
-        """The trace id of a new top-level run, and what to call if it does not start after all.
+    ) -> tuple[str, bool, Callable[[], None]]:
+        """A new top-level run's trace id, whether the bridges observe it, and what to call
+        if it does not start after all.
 
         With tracing on, the run's span begins here (the host's thread), so its trace id is
         the run's: the host's `traceparent`, else `trace_id`, else the host's current
-        OpenTelemetry context, else a new trace.
+        OpenTelemetry context, else a new trace. A run whose span does not record (the API's
+        no-op provider, a trace sampled out) is not observed by the span bridge: its events
+        are not even queued for it.
 
         Raises:
             ValueError: A malformed `trace_id` or `traceparent`, or both given and different.
@@ -94,7 +97,7 @@ class Observability:
             if observer is not None:
                 self.feed.call(lambda: observer.register(run_id, model_of(agent)))
             chosen = parent.trace_id if parent is not None else wanted
-            return chosen or new_trace_id(), _nothing
+            return chosen or new_trace_id(), observer is not None, _nothing
         model = model_of(agent)
         attributes: dict[str, Any] = {"run_id": run_id, "depth": 0}
         if model:
@@ -102,12 +105,20 @@ class Observability:
         run_trace, span = spans.begin_root(
             agent=agent_name, at=at, parent=parent, trace_id=wanted, attributes=attributes
         )
+        if not span.is_recording() and observer.metrics is None:
+            span.end()
+            return run_trace, False, _nothing
         self.feed.call(lambda: observer.register(run_id, model, span))
 
         def abandon() -> None:
             span.end()
 
-        return run_trace, abandon
+        return run_trace, True, abandon
+
+    @property
+    def observing(self) -> bool:
+        """Whether the runtime's bridges exist (resumed and forked runs are observed then)."""
+        return self.observer is not None
 
     def known(self, run_id: str, agent: Any) -> None:
         """A run (resumed, forked or a child) is about to start: tell the bridges its model."""

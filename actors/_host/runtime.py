@@ -270,12 +270,12 @@ class Runtime:
         """
         run_id = new_run_id()
         created = self.clock.wall()
-        trace_id, abandon = self._observing.begin(
+        trace_id, observed, abandon = self._observing.begin(
             run_id, agent, agent_name(agent), created, trace_id=trace_id, traceparent=traceparent
         )
         try:
             entry = self._entry(
-                RunCell(run_id, trace_id, None, self._event_log(trace_id)),
+                RunCell(run_id, trace_id, None, self._event_log(trace_id, observed)),
                 agent,
                 config or self.config,
                 accept,
@@ -556,7 +556,8 @@ class Runtime:
             raise TypeError(f"agent {agent!r} has no decide(view) method")
         if self._closed:
             raise _shut_down()
-        self._observing.known(cell.run_id, agent)
+        if cell.events.observed:
+            self._observing.known(cell.run_id, agent)
         run_tools = dict(self.tools)
         for t in tools or ():
             wrapped = _as_tool(t)
@@ -601,8 +602,10 @@ class Runtime:
             merged.setdefault(HookName(name), []).extend(callbacks)
         return merged
 
-    def _event_log(self, trace_id: str) -> EventLog:
-        return EventLog(trace_id, feed=self._observing.feed)
+    def _event_log(self, trace_id: str, observed: bool | None = None) -> EventLog:
+        observing = self._observing
+        seen = observing.observing if observed is None else observed
+        return EventLog(trace_id, feed=observing.feed, observed=seen)
 
     def _steering(self, handle: RunHandle) -> SteeringMode:
         entry = self.directory.get(handle.run_id)

@@ -32,7 +32,8 @@ _MAX_PENDING = 100_000  # events queued for the feed thread before new ones are 
 
 def _event(trace_id: str, raw: tuple[Any, ...]) -> RunEvent:
     seq, kind, phase, at, data, run_id, parent = raw
-    return RunEvent(
+    # The record came from a run's own event log: already valid, so no validation pass.
+    return RunEvent.model_construct(
         run_id=run_id,
         trace_id=trace_id,
         seq=seq,
@@ -58,8 +59,9 @@ class Feed:
         self._max = max_pending
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._queue: deque[tuple[str, Any]] = deque()
+        self._queue: deque[tuple[str, Any, bool]] = deque()
         self._subscribers: tuple[Subscriber, ...] = ()
+        self._internal: tuple[Subscriber, ...] = ()
         self._on_close: list[Callable[[], None]] = []
         self._thread: threading.Thread | None = None
         self._sleeping = False
@@ -68,14 +70,20 @@ class Feed:
         self._pushed = 0
         self._done = 0
         self.active = False
-        """Whether anything listens (an event log pushes only then)."""
+        """Whether anything listens."""
+        self.public = False
+        """Whether a host's subscriber listens (then every event is pushed, else only those of
+        runs the runtime's own bridges observe)."""
         self.dropped = 0
         """Events dropped because the feed thread fell `max_pending` behind."""
 
     # ------------------------------------------------------------------ producers
 
-    def push(self, trace_id: str, raw: tuple[Any, ...]) -> None:
-        """Queue one raw event record (an `EventLog` calls this). Never blocks for long."""
+    def push(self, trace_id: str, raw: tuple[Any, ...], observed: bool = True) -> None:
+        """Queue one raw event record (an `EventLog` calls this). Never blocks for long.
+
+        `observed`: the runtime's own bridges want it (not a trace sampled out, say).
+        """
         with self._lock:
             if self._closed:
                 return
@@ -85,7 +93,7 @@ class Feed:
                 self._overflowing = True
             else:
                 warn = False
-                self._queue.append((trace_id, raw))
+                self._queue.append((trace_id, raw, observed))
                 self._pushed += 1
                 if self._sleeping:
                     self._cond.notify()
@@ -97,18 +105,19 @@ class Feed:
         with self._lock:
             if self._closed:
                 return
-            self._queue.append(("", fn))
+            self._queue.append(("", fn, True))
             self._pushed += 1
             if self._sleeping:
                 self._cond.notify()
 
     # ------------------------------------------------------------------ consumers
 
-    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+    def subscribe(self, callback: Subscriber, *, internal: bool = False) -> Callable[[], None]:
         """Call `callback(event)` for every event from now on; returns an unsubscribe.
 
         Callbacks run on the feed thread, one at a time, in the order events were appended
         (a run's own events in seq order). One that raises is logged and keeps its place.
+        An `internal` one (the runtime's bridges) gets only the events of observed runs.
 
         Raises:
             RuntimeError: The feed is closed (the runtime shut down).
@@ -116,7 +125,11 @@ class Feed:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the runtime is shut down")
-            self._subscribers = (*self._subscribers, callback)
+            if internal:
+                self._internal = (*self._internal, callback)
+            else:
+                self._subscribers = (*self._subscribers, callback)
+                self.public = True
             self.active = True
             start = self._thread is None
             if start:
@@ -128,7 +141,9 @@ class Feed:
         def unsubscribe() -> None:
             with self._lock:
                 self._subscribers = tuple(s for s in self._subscribers if s is not callback)
-                self.active = bool(self._subscribers)
+                self._internal = tuple(s for s in self._internal if s is not callback)
+                self.public = bool(self._subscribers)
+                self.active = self.public or bool(self._internal)
 
         return unsubscribe
 
@@ -168,12 +183,13 @@ class Feed:
         return left
 
     def statistics(self) -> dict[str, int]:
-        """Queue depth, subscribers and dropped events."""
+        """Queue depth, subscribers, dropped events and everything ever queued."""
         with self._lock:
             return {
                 "feed_queued": len(self._queue),
-                "feed_subscribers": len(self._subscribers),
+                "feed_subscribers": len(self._subscribers) + len(self._internal),
                 "feed_dropped": self.dropped,
+                "feed_events_total": self._pushed,
             }
 
     def _loop(self) -> None:
@@ -190,13 +206,13 @@ class Feed:
                 batch = list(self._queue)
                 self._queue.clear()
                 self._overflowing = False
-                subscribers = self._subscribers
-            for trace_id, item in batch:
+                subscribers, internal = self._subscribers, self._internal
+            for trace_id, item, observed in batch:
                 if not trace_id:
                     self._deliver_call(item)
                     continue
                 event = _event(trace_id, item)
-                for callback in subscribers:
+                for callback in (*internal, *subscribers) if observed else subscribers:
                     try:
                         callback(event)
                     except Exception:  # noqa: BLE001 - one bad subscriber must not stop the feed

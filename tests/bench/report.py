@@ -43,6 +43,7 @@ CASES: list[tuple[str, str, str]] = [
     ("W9", "w9_durable", "floors"),
     ("W9", "w9_durable", "memory"),
     ("W9", "w9_durable", "sqlite"),
+    ("W13", "w13_tracing", "overhead"),
 ]
 
 Target = tuple[str, float]  # ("<=" | ">=", value)
@@ -507,6 +508,31 @@ ROWS: list[Row] = [
         "w9_durable.memory",
         "msgs_per_s_4_senders",
         floors=(("queue", "w9_durable.floors", "queue_put"),),
+    ),
+    Row(
+        "W13",
+        "no provider: µs/iter, 200 iters",
+        "w13_tracing.overhead",
+        "us_per_iter_none",
+        floors=(("W1", "w1_loop.memory", "us_per_iter_200"),),
+        target_text="W1 within noise",
+    ),
+    Row("W13", "no-op provider: µs/iter", "w13_tracing.overhead", "us_per_iter_noop"),
+    Row(
+        "W13",
+        "no-op provider: % over none",
+        "w13_tracing.overhead",
+        "overhead_noop_pct",
+        targets=_both("<=", 5),
+        target_text="≤5%",
+    ),
+    Row("W13", "SDK, in-memory exporter: µs/iter", "w13_tracing.overhead", "us_per_iter_sdk"),
+    Row("W13", "SDK: % over none", "w13_tracing.overhead", "overhead_sdk_pct"),
+    Row(
+        "W13",
+        "SDK: µs/iter until every span exported",
+        "w13_tracing.overhead",
+        "us_per_iter_sdk_exported",
     ),
 ]
 
