@@ -1,7 +1,8 @@
 """steerable.actors: everything that runs.
 
 The pykka actors (`RunSupervisor`, `ToolWorker`), the `Runtime` facade a host embeds, tools,
-stores and the CLI. Test helpers live in `steerable.actors.testing`.
+stores, observability (the event feed, OpenTelemetry bridges, timelines) and the CLI. Test
+helpers live in `steerable.actors.testing`.
 """
 
 from ._engine.cancel import Cancelled, CancelScope
@@ -11,6 +12,10 @@ from ._host.events import EventStream
 from ._host.handle import RunHandle
 from ._host.runtime import Runtime, RunTree
 from ._host.supervisor import RunSupervisor
+from ._observe.chrome import chrome_trace
+from ._observe.feed import FeedStream
+from ._observe.files import write_timeline
+from ._observe.timeline import timeline_html
 from ._stores.replay import Replay
 from ._stores.sqlite import SqliteStore
 from ._stores.store import CheckpointStore, MemoryStore, RevisionInfo, RunSummary, StoredRun
@@ -28,6 +33,7 @@ __all__ = [
     "CheckpointStore",
     "Clock",
     "EventStream",
+    "FeedStream",
     "ManualClock",
     "MemoryStore",
     "Replay",
@@ -45,5 +51,8 @@ __all__ = [
     "ToolArgumentsError",
     "ToolContext",
     "ToolWorker",
+    "chrome_trace",
+    "timeline_html",
     "tool",
+    "write_timeline",
 ]
