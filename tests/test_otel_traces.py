@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -262,6 +263,32 @@ def test_a_retried_call_has_one_span_per_attempt(
     assert "steerable.retry" in event_names(first)
     assert second.status.status_code is StatusCode.UNSET
     assert attrs(second)["steerable.attempts"] == 2
+    assert (first.end_time or 0) <= (second.start_time or 0)
+
+
+def test_a_timed_out_model_call_ends_in_error_and_the_retry_gets_its_own_span(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    hold = threading.Event()
+
+    def stuck(view: RunView) -> Finish:
+        hold.wait(WAIT)
+        return Finish(output="stale")
+
+    agent = ScriptedAgent([stuck, Finish(output="fresh")], name="slow")
+    config = RunConfig(model_timeout=0.05, retry=RetryPolicy(backoff=0.01, jitter=False))
+    try:
+        with Runtime(tracer_provider=provider, config=config) as rt:
+            assert rt.start("t", agent=agent).result(WAIT).output == "fresh"
+            spans = spans_of(rt, exporter)
+    finally:
+        hold.set()
+    first, second = by_name(spans, "reason slow")
+    assert first.status.status_code is StatusCode.ERROR
+    assert first.status.description == "provider_timeout"
+    assert "steerable.retry" in event_names(first)
+    assert attrs(first)["steerable.retry"] == 1
+    assert second.status.status_code is StatusCode.UNSET
     assert (first.end_time or 0) <= (second.start_time or 0)
 
 

@@ -1,8 +1,9 @@
 """A runtime's observability wiring: its feed, its OpenTelemetry bridges, trace context in.
 
-Split from `runtime.py`: the `Runtime` keeps its public methods (`subscribe`, `feed`,
-`flush_observers`) and delegates here. Without a provider no OpenTelemetry code is imported
-or run; without a subscriber the feed has no thread and event logs push nothing.
+Split from `runtime.py`: `Runtime` gets `subscribe`, `feed` and `flush_observers` from
+`ObservingFace`, and delegates trace context and event logs to `Observability`. Without a
+provider no OpenTelemetry code is imported or run; without a subscriber the feed has no thread
+and event logs push nothing.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from steerable.actors._observe.context import check_trace_id, parse_traceparent
 from steerable.actors._observe.feed import Feed, FeedStream, Subscriber
 from steerable.protocol import new_trace_id
 
+from .events import EventLog
+
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
     from steerable.actors._observe.observer import Observer
 
-__all__ = ["Observability", "model_of"]
+__all__ = ["Observability", "ObservingFace", "model_of"]
 
 _VERSION = "0.1.0"
 
@@ -127,13 +130,11 @@ class Observability:
         if observer is not None and model:
             self.feed.call(lambda: observer.register(run_id, model))
 
-    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
-        """See `Runtime.subscribe`."""
-        return self.feed.subscribe(callback)
-
-    def stream(self, timeout: float | None) -> FeedStream:
-        """See `Runtime.feed`."""
-        return self.feed.stream(timeout)
+    def event_log(self, trace_id: str, observed: bool | None = None) -> EventLog:
+        """A new run tree's event log, pushing to the feed (`observed`: default, if the
+        bridges exist)."""
+        seen = self.observing if observed is None else observed
+        return EventLog(trace_id, feed=self.feed, observed=seen)
 
     def close(self, at: float, timeout: float) -> list[str]:
         """Deliver what is queued, end open spans, stop the feed thread."""
@@ -145,3 +146,31 @@ class Observability:
 
 def _nothing() -> None:
     return None
+
+
+class ObservingFace:
+    """The `Runtime`'s observability methods (docs/observability.md)."""
+
+    _observing: Observability
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call `callback(event)` for every event of every run from now on; returns an
+        unsubscribe.
+
+        One consumer for all runs (a bridge, a host's metrics): callbacks run on one feed
+        thread, never on a run's, in the order events happened (a run tree's in seq order).
+        One that raises is logged and stays subscribed.
+
+        Raises:
+            RuntimeError: The runtime is shut down.
+        """
+        return self._observing.feed.subscribe(callback)
+
+    def feed(self, timeout: float | None = None) -> FeedStream:
+        """Every event of every run from now on, for `async for` (or `for`, where `timeout`
+        bounds one wait). Ends when closed (`close()`, its `with` block) or at shutdown."""
+        return self._observing.feed.stream(timeout)
+
+    def flush_observers(self, timeout: float | None = 5.0) -> bool:
+        """Wait until every event so far reached the subscribers and bridges; True if so."""
+        return self._observing.feed.flush(timeout)

@@ -47,18 +47,15 @@ from steerable.protocol import (
 
 from .cell import RunCell
 from .directory import RunDirectory, RunEntry
-from .events import EventLog
 from .handle import RunHandle
 from .jobs import Accept
-from .observing import Observability
+from .observing import Observability, ObservingFace
 from .runtrees import RunTree, build_tree, check_compatible, start_child
 from .supervisor import Begin, CancelNow, RunSupervisor
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
-
-    from steerable.actors._observe.feed import FeedStream
 
 __all__ = ["Agent", "RunTree", "Runtime", "Services"]
 
@@ -100,7 +97,7 @@ def _as_tool(obj: Tool[Any, Any] | Callable[..., Any]) -> Tool[Any, Any]:
     return obj if isinstance(obj, Tool) else tool(obj)
 
 
-class Runtime:
+class Runtime(ObservingFace):
     """Runs agent runs. Use as a context manager, or call `shutdown()` when done.
 
     Args:
@@ -218,19 +215,6 @@ class Runtime:
 
         return unregister
 
-    def subscribe(self, callback: Callable[[RunEvent], object]) -> Callable[[], None]:
-        """Call `callback(event)` for every run's events from now on, on one feed thread, in
-        order; returns an unsubscribe (docs/observability.md)."""
-        return self._observing.subscribe(callback)
-
-    def feed(self, timeout: float | None = None) -> FeedStream:
-        """Every run's events from now on, for `async for` or `for` (docs/observability.md)."""
-        return self._observing.stream(timeout)
-
-    def flush_observers(self, timeout: float | None = 5.0) -> bool:
-        """Wait until every event so far reached the subscribers and bridges; True if so."""
-        return self._observing.feed.flush(timeout)
-
     # ------------------------------------------------------------------ runs
 
     def start(
@@ -275,7 +259,7 @@ class Runtime:
         )
         try:
             entry = self._entry(
-                RunCell(run_id, trace_id, None, self._event_log(trace_id, observed)),
+                RunCell(run_id, trace_id, None, self._observing.event_log(trace_id, observed)),
                 agent,
                 config or self.config,
                 accept,
@@ -348,7 +332,7 @@ class Runtime:
             run_id,
             snap.trace_id,
             snap.parent_run_id,
-            self._event_log(snap.trace_id),
+            self._observing.event_log(snap.trace_id),
             next_seq=max([snap.last_seq, *(m.seq for m in stored.messages)]) + 1,
         )
         cell.revision = snap.revision
@@ -400,7 +384,7 @@ class Runtime:
         new_id = new_run_id()
         trace_id = new_trace_id()
         entry = self._entry(
-            RunCell(new_id, trace_id, None, self._event_log(trace_id)),
+            RunCell(new_id, trace_id, None, self._observing.event_log(trace_id)),
             agent,
             config or snap.config,
             accept,
@@ -601,11 +585,6 @@ class Runtime:
             callbacks = [cbs] if callable(cbs) else list(cbs)
             merged.setdefault(HookName(name), []).extend(callbacks)
         return merged
-
-    def _event_log(self, trace_id: str, observed: bool | None = None) -> EventLog:
-        observing = self._observing
-        seen = observing.observing if observed is None else observed
-        return EventLog(trace_id, feed=observing.feed, observed=seen)
 
     def _steering(self, handle: RunHandle) -> SteeringMode:
         entry = self.directory.get(handle.run_id)
