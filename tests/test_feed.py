@@ -9,10 +9,9 @@ shutdown or close; no feed thread exists until something subscribes.
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 
-import pytest
+from structlog.testing import capture_logs
 
 from steerable.actors import Runtime, tool
 from steerable.actors.testing import ScriptedAgent, call, plan
@@ -80,9 +79,7 @@ def test_unsubscribed_callbacks_get_nothing_more() -> None:
     assert later[0].kind in (EventKind.STATE_CHANGED, EventKind.RUN_STARTED)
 
 
-def test_a_raising_subscriber_is_logged_and_loses_nothing(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_a_raising_subscriber_is_logged_and_loses_nothing() -> None:
     calls: list[RunEvent] = []
     good: list[RunEvent] = []
 
@@ -90,15 +87,16 @@ def test_a_raising_subscriber_is_logged_and_loses_nothing(
         calls.append(event)
         raise RuntimeError("subscriber bug")
 
-    caplog.set_level(logging.ERROR, logger="steerable")
-    with Runtime(tools=[ping]) as rt:
+    with capture_logs() as logs, Runtime(tools=[ping]) as rt:
         rt.subscribe(bad)
         rt.subscribe(good.append)
         outcome = rt.start("a", agent=_agent("a")).result(WAIT)
         assert rt.flush_observers(WAIT)
     assert outcome.state is RunState.FINISHED
     assert len(calls) == len(good) > 0
-    assert any(r.getMessage().startswith("feed_subscriber_error") for r in caplog.records)
+    errors = [e for e in logs if e["event"] == "feed_subscriber_error"]
+    assert len(errors) == len(calls)
+    assert all(e["log_level"] == "error" for e in errors)
 
 
 def test_feed_iterates_sync_and_ends_when_closed_or_at_shutdown() -> None:
