@@ -151,10 +151,17 @@ class Feed:
         """A new reader of every run's events from now on, for `for` and `async for`."""
         return FeedStream(self, timeout, max_pending)
 
-    def on_close(self, callback: Callable[[], None]) -> None:
-        """Call `callback()` once the feed is closed and drained."""
+    def on_close(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback()` once the feed is closed and drained; returns a cancel."""
         with self._lock:
             self._on_close.append(callback)
+
+        def cancel() -> None:
+            with self._lock:
+                if callback in self._on_close:
+                    self._on_close.remove(callback)
+
+        return cancel
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued so far reached the subscribers; True if it did."""
@@ -252,7 +259,7 @@ class FeedStream:
         self.dropped = 0
         """Events dropped because the reader fell `max_pending` behind."""
         self._unsubscribe = feed.subscribe(self._put)
-        feed.on_close(self.close)
+        self._forget = feed.on_close(self.close)
 
     def _put(self, event: RunEvent) -> None:
         with self._cond:
@@ -270,6 +277,7 @@ class FeedStream:
     def close(self) -> None:
         """Stop reading: iteration ends once what is buffered was read."""
         self._unsubscribe()
+        self._forget()
         with self._cond:
             self._closed = True
             self._cond.notify_all()

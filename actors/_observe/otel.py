@@ -190,8 +190,12 @@ class SpanBridge:
         span = interval.handle
         if span is None:
             return
-        if mark.name == "checkpoint" and "revision" in mark.attrs:
-            span.set_attribute("steerable.revision", mark.attrs["revision"])
+        if mark.name == "checkpoint":
+            # An attribute, not an event: a long run checkpoints at every boundary, and span
+            # events are bounded (the SDK keeps 128), so they are kept for what is rare.
+            if "revision" in mark.attrs:
+                span.set_attribute("steerable.revision", mark.attrs["revision"])
+            return
         span.add_event(f"steerable.{mark.name}", _attributes(mark.attrs), _ns(mark.at))
 
     def closed(self, interval: Interval) -> None:
