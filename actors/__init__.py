@@ -1,8 +1,8 @@
 """steerable.actors: everything that runs.
 
-The pykka actors (`RunSupervisor`, `ToolWorker`), the `Runtime` facade a host embeds, tools,
-stores, observability (the event feed, OpenTelemetry bridges, timelines) and the CLI. Test
-helpers live in `steerable.actors.testing`.
+The pykka actors (`RunSupervisor`, `ChildRun` for subagents, `ToolWorker`), the `Runtime`
+facade a host embeds, tools, stores, observability (the event feed, OpenTelemetry bridges,
+timelines) and the CLI. Test helpers live in `steerable.actors.testing`.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 from ._engine.cancel import Cancelled, CancelScope
 from ._engine.clock import Clock, ManualClock, SystemClock
 from ._engine.pool import ToolWorker
+from ._host.agent import Agent
+from ._host.childrun import ChildRun
 from ._host.events import EventStream
 from ._host.handle import RunHandle
 from ._host.runtime import Runtime, RunTree
@@ -27,9 +29,11 @@ from ._tools.tool import (
 )
 
 __all__ = [
+    "Agent",
     "CancelScope",
     "Cancelled",
     "CheckpointStore",
+    "ChildRun",
     "Clock",
     "EventStream",
     "FeedStream",

@@ -34,7 +34,7 @@ from ._messages import (
 from ._outcome import RunMetrics, RunOutcome
 from ._state import RunState, WaitingFor
 from ._stored import StoredRun
-from ._view import Budgets, RunView, Transcript
+from ._view import Budgets, ModelCall, RunView, Transcript
 
 __all__ = [
     "HOOK_EVENTS",
@@ -57,6 +57,7 @@ __all__ = [
     "ForkOrigin",
     "HookName",
     "HostMessage",
+    "ModelCall",
     "Phase",
     "Plan",
     "PlannedCall",

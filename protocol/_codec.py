@@ -41,7 +41,7 @@ __all__ = [
     "register_migration",
 ]
 
-FORMAT_VERSION: Final = 2
+FORMAT_VERSION: Final = 3
 """The format this steerable writes. Monotonic: bump it for any change an older reader cannot
 read (a new, renamed or removed field, a new kind), add a line to `FORMAT_HISTORY`, register a
 migration from the previous version and keep the old golden fixtures (R24)."""
@@ -51,6 +51,9 @@ FORMAT_HISTORY: dict[int, str] = {
     "JSON-mode shape; secrets are stored as 'secret:sha256:<16 hex>' references",
     2: "SubagentResult gains child_revision (the child's final revision, -1 if unknown) and "
     "RunSnapshot gains model_retries (0); format 1 bodies migrate unchanged (defaults apply)",
+    3: "ToolCall and SubagentCall gain id (the call id, None if unrecorded), ToolSpec gains "
+    "argument_descriptions ({}), ErrorCode gains provider_error, EventKind model_delta and custom; "
+    "format 2 bodies migrate unchanged (defaults apply)",
 }
 """One line per format version: what changed (mirrored in docs/checkpoint-format.md)."""
 
@@ -480,3 +483,15 @@ def _from_format_1(kind: str, body: Any) -> Any:
 
 
 register_migration(1, _from_format_1)
+
+
+def _from_format_2(kind: str, body: Any) -> Any:
+    # Format 3 only added fields with defaults (ToolCall.id, SubagentCall.id,
+    # ToolSpec.argument_descriptions) and enum values no format 2 body holds. A format 2
+    # decision's steps keep id None: their results' call ids are positional (`c<decision>.<i>`,
+    # see docs/models.md), which the model adapters' mappings fall back to.
+    del kind
+    return body
+
+
+register_migration(2, _from_format_2)

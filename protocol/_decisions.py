@@ -30,11 +30,21 @@ class Usage(Record):
 
 
 class ToolCall(Record):
-    """One step of a plan: call tool `name` with `arguments` (validated by the tool)."""
+    """One step of a plan: call tool `name` with `arguments` (validated by the tool).
+
+    Attributes:
+        name: The tool to call.
+        arguments: Argument name -> value.
+        id: The call id: the model's own (a provider's tool-call id) or None to let the
+            runtime assign one. The decision entry in the transcript always records the id
+            the call ran under, which is also its results' `call_id`, so a transcript maps
+            back to a provider's message list exactly (docs/models.md).
+    """
 
     kind: Literal["tool"] = "tool"
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
+    id: str | None = Field(default=None, min_length=1, max_length=128)
 
 
 class SubagentCall(Record):
@@ -46,6 +56,7 @@ class SubagentCall(Record):
         max_steps: Tool steps reserved for the child from the parent's budget (None: an
             equal share of what is left).
         max_model_calls: Model calls reserved for the child (None: an equal share).
+        id: The call id, as for `ToolCall.id`.
     """
 
     kind: Literal["subagent"] = "subagent"
@@ -53,6 +64,7 @@ class SubagentCall(Record):
     task: str
     max_steps: int | None = Field(default=None, ge=0)
     max_model_calls: int | None = Field(default=None, ge=1)
+    id: str | None = Field(default=None, min_length=1, max_length=128)
 
 
 PlanStep = Annotated[ToolCall | SubagentCall, Field(discriminator="kind")]

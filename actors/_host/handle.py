@@ -21,10 +21,13 @@ from steerable.protocol import (
 )
 
 from .events import EventStream
+from .offload import async_form
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .cell import RunCell
-    from .runtime import Runtime
+    from .port import RunPort
 
 __all__ = ["RunHandle"]
 
@@ -36,10 +39,10 @@ class RunHandle:
     stored, when the store is durable, and delivered by `tell`).
     """
 
-    __slots__ = ("_cell", "_runtime")
+    __slots__ = ("_cell", "_port")
 
-    def __init__(self, runtime: Runtime, cell: RunCell) -> None:
-        self._runtime = runtime
+    def __init__(self, port: RunPort, cell: RunCell) -> None:
+        self._port = port
         self._cell = cell
 
     @property
@@ -82,7 +85,7 @@ class RunHandle:
                 Unicode text (e.g. a lone surrogate). Nothing is sent.
         """
         try:
-            steering = SteeringMode(mode) if mode is not None else self._runtime._steering(self)
+            steering = SteeringMode(mode) if mode is not None else self._port.steering(self.run_id)
         except ValueError:
             raise ValueError(f"mode must be 'queue' or 'interrupt', not {mode!r}") from None
         try:
@@ -91,9 +94,7 @@ class RunHandle:
             raise ValueError(f"content is not valid Unicode text: {exc.reason}") from None
 
         def build(seq: int) -> HostMessage:
-            return UserMessage(
-                seq=seq, content=content, mode=steering, at=self._runtime.clock.wall()
-            )
+            return UserMessage(seq=seq, content=content, mode=steering, at=self._port.wall())
 
         return self._post(build).seq
 
@@ -123,11 +124,11 @@ class RunHandle:
             cell.cancel_requested = True
         # First tell the supervisor (so it acts before any result the cancellation provokes),
         # then cancel the scope on this thread: tools waiting on their context wake at once.
-        self._runtime._cancel_now(cell, reason)
+        self._port.cancel_now(cell, reason)
         cell.scope.cancel(reason)
 
         def build(seq: int) -> HostMessage:
-            return CancelRequest(seq=seq, reason=reason, at=self._runtime.clock.wall())
+            return CancelRequest(seq=seq, reason=reason, at=self._port.wall())
 
         # Recorded in order (and stored): what a crash recovery sees. The run may already
         # have ended from the signal above; the cancel took effect either way.
@@ -160,6 +161,13 @@ class RunHandle:
         cell = self._cell
         return cell.events.stream(start, timeout, None if cell.owns_events else cell.run_id)
 
+    # ------------------------------------------------------------------ async face
+
+    asend = async_form(send, lambda handle: handle._port.host_io)
+    aapprove = async_form(approve, lambda handle: handle._port.host_io)
+    adeny = async_form(deny, lambda handle: handle._port.host_io)
+    acancel = async_form(cancel, lambda handle: handle._port.host_io)
+
     def __repr__(self) -> str:
         return f"<RunHandle {self.run_id} {self.state.value}>"
 
@@ -175,7 +183,7 @@ class RunHandle:
                 call_id=call_id,
                 approved=approved,
                 reason=reason,
-                at=self._runtime.clock.wall(),
+                at=self._port.wall(),
             )
 
         try:
@@ -184,7 +192,7 @@ class RunHandle:
             return False
         return True
 
-    def _post(self, build: object) -> HostMessage:
+    def _post(self, build: Callable[[int], HostMessage]) -> HostMessage:
         cell = self._cell
         if cell.state.is_terminal:
             raise SteerableError(
@@ -195,4 +203,4 @@ class RunHandle:
                     state=cell.state.value,
                 )
             )
-        return self._runtime._post(cell, build)  # type: ignore[arg-type]
+        return self._port.post(cell, build)

@@ -8,6 +8,7 @@ ignored when it reports: the supervisor correlates by call id and attempt.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -16,9 +17,16 @@ from typing import Any
 import pykka
 from pydantic import TypeAdapter, ValidationError
 
+from steerable.actors._engine.cancel import Cancelled
 from steerable.actors._engine.clock import Clock
 from steerable.actors._engine.log import get_logger
-from steerable.actors._tools.tool import Tool, ToolContext, error_from_exception, normalize_result
+from steerable.actors._tools.tool import (
+    RetryableToolError,
+    Tool,
+    ToolContext,
+    error_from_exception,
+    normalize_result,
+)
 from steerable.protocol import (
     AgentError,
     AskUser,
@@ -28,6 +36,7 @@ from steerable.protocol import (
     Plan,
     RunEvent,
     RunView,
+    SteerableError,
 )
 
 __all__ = [
@@ -179,6 +188,19 @@ class DecideJob:
             )
         if output is not decision.output:
             decision = Finish(output=output, usage=decision.usage)
+        check = getattr(self.agent, "check_finish", None)
+        if check is not None:
+            # The agent's own check (a model adapter validating structured output) comes
+            # first: its verdict goes back to the model as a correction (R9), like accept's.
+            try:
+                own = check(output, self.view)
+            except Exception as exc:  # noqa: BLE001 - a broken check is the agent's defect
+                err = AgentError.of(
+                    ErrorCode.HANDLER_ERROR, f"check_finish raised {exc!r}", where="check_finish"
+                )
+                return decision, f"the agent's output check failed: {exc!r}", err, None
+            if own is not None:
+                return decision, str(own), None, None
         if self.accept is None:
             return decision, None, None, None
         try:
@@ -194,10 +216,27 @@ async def _await(awaitable: Any) -> Any:
 
 
 def _decide_error(exc: BaseException) -> AgentError:
+    """What the machine is told when decide raised (docs/models.md "Errors and retries").
+
+    A `SteerableError` (a model adapter's `ProviderError`) keeps its own error and
+    retryability; `RetryableToolError` gives a retryable `handler_error`; a cancellation
+    gives `cancelled`; anything else a final `handler_error`.
+    """
+    if isinstance(exc, SteerableError):
+        return exc.error
+    if isinstance(exc, Cancelled | asyncio.CancelledError):
+        return AgentError.of(ErrorCode.CANCELLED, "the model call was cancelled")
+    retryable = isinstance(exc, RetryableToolError)
+    details: dict[str, Any] = {"exception": type(exc).__qualname__}
+    if isinstance(exc, RetryableToolError):
+        retry_after = exc.details.get("retry_after")
+        if isinstance(retry_after, int | float) and not isinstance(retry_after, bool):
+            details["retry_after"] = float(retry_after)
     return AgentError.of(
         ErrorCode.HANDLER_ERROR,
         f"the agent's decide raised {type(exc).__name__}: {exc}",
-        exception=type(exc).__qualname__,
+        retryable=retryable,
+        **details,
     )
 
 

@@ -15,6 +15,7 @@ from steerable.actors._observe.context import check_trace_id, parse_traceparent
 from steerable.actors._observe.feed import Feed, FeedStream, Subscriber
 from steerable.protocol import new_trace_id
 
+from .agent import agent_name
 from .events import EventLog
 
 if TYPE_CHECKING:
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from steerable.actors._observe.observer import Observer
+
+    from .cell import RunCell
 
 __all__ = ["Observability", "ObservingFace", "model_of"]
 
@@ -70,7 +73,6 @@ class Observability:
         self,
         run_id: str,
         agent: Any,
-        agent_name: str,
         at: float,
         *,
         trace_id: str | None,
@@ -106,7 +108,7 @@ class Observability:
         if model:
             attributes["model"] = model
         run_trace, span = spans.begin_root(
-            agent=agent_name, at=at, parent=parent, trace_id=wanted, attributes=attributes
+            agent=agent_name(agent), at=at, parent=parent, trace_id=wanted, attributes=attributes
         )
         if not span.is_recording() and observer.metrics is None:
             span.end()
@@ -123,11 +125,13 @@ class Observability:
         """Whether the runtime's bridges exist (resumed and forked runs are observed then)."""
         return self.observer is not None
 
-    def known(self, run_id: str, agent: Any) -> None:
-        """A run (resumed, forked or a child) is about to start: tell the bridges its model."""
+    def entry_made(self, cell: RunCell, agent: Any) -> None:
+        """A run (started, resumed, forked, a child) is about to start: tell the bridges its
+        model, if they observe it. Called by the run factory for every entry it builds."""
         observer = self.observer
         model = model_of(agent)
-        if observer is not None and model:
+        if observer is not None and model and cell.events.observed:
+            run_id = cell.run_id
             self.feed.call(lambda: observer.register(run_id, model))
 
     def event_log(self, trace_id: str, observed: bool | None = None) -> EventLog:

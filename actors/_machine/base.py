@@ -200,6 +200,7 @@ class MachineBase:
     _holding: bool
     _unseen: tuple[UserMessage, ...]
     _fork_waits: bool
+    _call_ids: set[str] | None
 
     # Loop methods the other parts call (defined in `_machine.py`).
     def _boundary(self, now: float) -> None:
@@ -215,6 +216,9 @@ class MachineBase:
         raise NotImplementedError
 
     def _maybe_finish_cancel(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _retry_model(self, error: AgentError, now: float) -> bool:
         raise NotImplementedError
 
     def _add_phase(self, phase: Phase, seconds: float) -> None:

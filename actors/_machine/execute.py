@@ -19,6 +19,7 @@ from steerable.protocol import (
     RunState,
     SideEffect,
     SubagentCall,
+    SubagentResult,
     ToolCall,
     ToolResult,
     WaitingFor,
@@ -27,13 +28,15 @@ from steerable.protocol._ids import call_id as make_call_id
 from steerable.protocol._ids import idempotency_key
 from steerable.protocol.codec import redact
 
-from .base import MODEL_KEY, PLAN_KEY, Call, MachineBase, Stage, cancelled, jitter_unit
+from .base import MODEL_KEY, PLAN_KEY, RUN_KEY, Call, MachineBase, Stage, cancelled, jitter_unit
 from .children import ChildrenMixin
 from .effects import CallJob, TimerKind
 
 __all__ = ["ExecutionMixin"]
 
 _SECRETS = (SecretStr, SecretBytes, Secret)
+_RESERVED_KEYS = frozenset({MODEL_KEY, RUN_KEY, PLAN_KEY, "hooks"})
+"""Work and timer keys of the run itself: never a call id."""
 
 
 class ExecutionMixin(ChildrenMixin, MachineBase):
@@ -107,8 +110,9 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         calls: list[Call] = []
         executable = 0
         children = 0
+        taken = self._taken_call_ids(plan)
         for index, step in enumerate(plan.steps):
-            cid = make_call_id(self.decisions, index)
+            cid = self._call_id(step.id, index, taken)
             key = idempotency_key(self.run_id, cid)
             if isinstance(step, SubagentCall):
                 call = self._plan_subagent(index, cid, key, step, children)
@@ -153,14 +157,56 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             self._set_state(RunState.WAITING, approvals=len(approvals))
         self._after_call(now)
 
+    def _taken_call_ids(self, current: Plan) -> set[str]:
+        """Every call id this run has used; built from the transcript once per machine.
+
+        Built lazily so that a resumed or forked run (a new machine) knows the ids of its
+        history without the checkpoint having to carry them.
+        """
+        taken = self._call_ids
+        if taken is None:
+            taken = set(_RESERVED_KEYS)
+            for entry in self.transcript:
+                if isinstance(entry, ToolResult | SubagentResult):
+                    taken.add(entry.call_id)
+                elif (
+                    isinstance(entry, DecisionEntry)
+                    and isinstance(entry.decision, Plan)
+                    and entry.decision is not current  # the decision being planned now
+                ):
+                    taken.update(s.id for s in entry.decision.steps if s.id is not None)
+            self._call_ids = taken
+        return taken
+
+    def _call_id(self, own: str | None, index: int, taken: set[str]) -> str:
+        """The id a step runs under: the model's own if it is new to the run, else assigned.
+
+        Ids must be unique in the run: timers, work and late results are keyed by them, and
+        idempotency keys derive from them. A model that reuses ids (some servers number
+        calls per response) gets the runtime's `c<decision>.<index>` instead; the decision
+        entry records whichever id was used.
+        """
+        if own is not None and own not in taken:
+            taken.add(own)
+            return own
+        cid = make_call_id(self.decisions, index)
+        suffix = 0
+        while cid in taken:  # only after a model chose an id shaped like the runtime's
+            suffix += 1
+            cid = f"{make_call_id(self.decisions, index)}.{suffix}"
+        taken.add(cid)
+        return cid
+
     def _redact_decision(self, plan: Plan, calls: list[Call]) -> None:
-        """R26: an argument the tool declares secret never reaches the transcript in clear.
+        """Record each step's call id, and R26: a secret argument never reaches the transcript.
 
         The agent may pass a credential as a plain string to a `SecretStr` parameter; the
         validated call holds the secret, and the recorded decision gets its reference.
         """
         secret = [any(isinstance(v, _SECRETS) for v in c.arguments.values()) for c in calls]
-        if not any(secret):
+        if not any(secret) and all(
+            step.id == call.call_id for step, call in zip(plan.steps, calls, strict=True)
+        ):
             return
         steps: list[ToolCall | SubagentCall] = []
         for step, call, has_secret in zip(plan.steps, calls, secret, strict=True):
@@ -171,7 +217,9 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                     else v
                     for k, v in step.arguments.items()
                 }
-                steps.append(ToolCall(name=step.name, arguments=arguments))
+                steps.append(ToolCall(name=step.name, arguments=arguments, id=call.call_id))
+            elif step.id != call.call_id:
+                steps.append(step.model_copy(update={"id": call.call_id}))
             else:
                 steps.append(step)
         entry = self.transcript[-1]

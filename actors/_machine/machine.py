@@ -36,6 +36,7 @@ from steerable.protocol import (
     RunState,
     SteeringMode,
     SystemNote,
+    ToolSpec,
     TranscriptEntry,
     Usage,
     UserMessage,
@@ -193,11 +194,18 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self.subagents = frozenset(subagents)
         self.children_started = 0
         self.forked_from: ForkOrigin | None = None
+        self._call_ids: set[str] | None = None  # every call id used; see _taken_call_ids
+        self._view_caps: tuple[tuple[ToolSpec, ...], tuple[str, ...]] | None = None
 
     @property
     def is_terminal(self) -> bool:
         """Whether the run has reached a terminal state."""
         return self.state.is_terminal
+
+    @property
+    def model_in_flight(self) -> int | None:
+        """The number of the model call in flight, or None."""
+        return self.model_calls if self._model_in_flight else None
 
     def _stage_done(self) -> bool:
         return self._stage is Stage.DONE
@@ -294,6 +302,12 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
                 Phase.REASON,
                 {"model_call": model_call, "error": err.code.value},
             )
+            # A retryable model-side failure (a provider's 429 or 5xx, a decide raising
+            # RetryableToolError) gets a new model call under the run's RetryPolicy.
+            if err.retryable:
+                self._stage = Stage.IDLE
+                if self._retry_model(err, now):
+                    return
             self._terminate(RunState.ERROR, err)
             return
         self._model_retries = 0
@@ -442,7 +456,11 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
                 self.transcript.append(msg)
                 delivered.append(msg)
                 self._m["messages_delivered"] += 1
-                self.fx.emit(EventKind.MESSAGE_DELIVERED, Phase.OBSERVE, {"seq": msg.seq})
+                self.fx.emit(
+                    EventKind.MESSAGE_DELIVERED,
+                    Phase.OBSERVE,
+                    {"seq": msg.seq, "content": msg.content, "mode": msg.mode.value},
+                )
         if self.model_calls >= self.config.max_model_calls:
             self._exhaust("max_model_calls", self.config.max_model_calls)
             return
@@ -476,6 +494,13 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         if self.deadline is not None:
             seconds_left = max(0.0, self.deadline - (self._now if now is None else now))
         budget = cfg.token_budget
+        caps = self._view_caps
+        if caps is None:
+            tools = self.tools
+            caps = self._view_caps = (
+                tuple(tools[name].spec for name in sorted(tools)),
+                tuple(sorted(self.subagents)),
+            )
         return RunView(
             run_id=self.run_id,
             task=self.task,
@@ -496,6 +521,8 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             parent_run_id=self.parent_run_id,
             session_id=self.session_id,
             task_id=self.task_id,
+            tools=caps[0],
+            subagents=caps[1],
         )
 
     def _exhaust(self, budget: str, limit: int | None, **details: Any) -> None:

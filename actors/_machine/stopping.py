@@ -25,6 +25,9 @@ from .effects import TimerKind
 
 __all__ = ["StoppingMixin"]
 
+_MAX_RETRY_AFTER = 3600.0
+"""A provider's Retry-After beyond an hour is not waited for literally (the deadline rules)."""
+
 
 class StoppingMixin(MachineBase):
     """The run machine's cancellation and timeouts (see `RunMachine`)."""
@@ -66,21 +69,31 @@ class StoppingMixin(MachineBase):
             self.fx.unschedule(TimerKind.GRACE, MODEL_KEY)  # the interrupt's wait is over
             self._boundary(now)
             return
-        policy = self.config.retry
-        self._model_retries += 1
-        at = now + policy.delay(self._model_retries, jitter_unit(self.run_id, self._model_retries))
-        if self._model_retries > policy.max_retries or (
-            self.deadline is not None and at >= self.deadline
-        ):
+        if not self._retry_model(error, now):
             self._terminate(RunState.ERROR, error)
-            return
+
+    def _retry_model(self, error: AgentError, now: float) -> bool:
+        """Schedule a new model call after a retryable failure; False when retries ran out.
+
+        The delay is the policy's backoff, never shorter than a provider's `retry_after`
+        (seconds, in the error's details), and never past the run's deadline.
+        """
+        policy = self.config.retry
+        self._model_retries = retry = self._model_retries + 1
+        at = now + policy.delay(retry, jitter_unit(self.run_id, retry))
+        retry_after = error.details.get("retry_after")
+        if isinstance(retry_after, int | float) and not isinstance(retry_after, bool):
+            at = max(at, now + min(float(retry_after), _MAX_RETRY_AFTER))
+        if retry > policy.max_retries or (self.deadline is not None and at >= self.deadline):
+            return False
         self._m["retries"] += 1
         self.fx.emit(
             EventKind.ERROR,
             Phase.REASON,
-            {"code": error.code.value, "retry": self._model_retries, "delay": at - now},
+            {"code": error.code.value, "retry": retry, "delay": at - now},
         )
-        self.fx.schedule(TimerKind.MODEL_RETRY, MODEL_KEY, self._model_retries, at)
+        self.fx.schedule(TimerKind.MODEL_RETRY, MODEL_KEY, retry, at)
+        return True
 
     def _on_deadline(self, now: float) -> None:
         for key in self._work_in_flight():

@@ -163,6 +163,10 @@ class Feed:
 
         return cancel
 
+    def owns_thread(self, thread: threading.Thread) -> bool:
+        """Whether `thread` is the feed thread (a subscriber runs on it)."""
+        return thread is self._thread
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued so far reached the subscribers; True if it did."""
         with self._cond:
