@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from ._base import Record
+from ._frozen import FrozenDict, FrozenMap
 
 __all__ = ["DEFAULT_RETRYABLE", "AgentError", "ErrorCode", "SteerableError"]
 
@@ -98,7 +99,7 @@ class AgentError(Record):
     code: ErrorCode
     message: str
     retryable: bool = False
-    details: dict[str, Any] = Field(default_factory=dict)
+    details: FrozenMap = Field(default_factory=FrozenDict)
 
     @classmethod
     def of(

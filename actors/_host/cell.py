@@ -83,13 +83,20 @@ class RunCell:
             self.next_seq += 1
             return message
 
-    def claim_approval(self, call_id: str) -> bool:
-        """Take a pending approval out of the table; True for exactly one caller."""
+    def claim_approval(self, call_id: str) -> ApprovalRequest | None:
+        """Take a pending approval out of the table; the request for exactly one caller."""
         with self.lock:
-            if self._approvals.pop(call_id, None) is None:
-                return False
-            self._answered.add(call_id)
-            return True
+            request = self._approvals.pop(call_id, None)
+            if request is not None:
+                self._answered.add(call_id)
+            return request
+
+    def unclaim_approval(self, request: ApprovalRequest) -> None:
+        """Put back an approval whose decision could not be posted (it is still pending)."""
+        with self.lock:
+            self._answered.discard(request.call_id)
+            if self._approvals_open:
+                self._approvals.setdefault(request.call_id, request)
 
     def pending_approvals(self) -> list[ApprovalRequest]:
         """The calls waiting for a person, oldest first."""

@@ -37,7 +37,9 @@ from steerable.protocol import (
     RunEvent,
     RunView,
     SteerableError,
+    ToolCall,
 )
+from steerable.protocol.codec import MAX_VALUE_BYTES, check_storable
 
 __all__ = [
     "Accept",
@@ -113,6 +115,29 @@ def coerce_decision(value: object) -> Plan | Finish | AskUser:
     raise ValueError(f"decide returned {type(value).__name__}, not Plan, Finish or AskUser")
 
 
+def check_decision(decision: Plan | Finish | AskUser) -> None:
+    """Refuse a decision a store could not keep (text that is not valid Unicode, a task larger
+    than a value may be). A call's arguments are checked by the run machine, per call
+    (`invalid_arguments` for that call alone); a Finish's output when it is normalized.
+
+    Raises:
+        ValueError: What cannot be stored; the run ends `invalid_decision`.
+    """
+    if isinstance(decision, Plan):
+        what = "the plan (its thought, tool names or subagent tasks)"
+        size = check_storable(decision.thought, what=what)
+        for step in decision.steps:
+            if isinstance(step, ToolCall):
+                size += check_storable(step.name, what=what)
+            else:
+                size += check_storable(step.agent, what=what)
+                size += check_storable(step.task, what=what)
+        if size > MAX_VALUE_BYTES:
+            raise ValueError(f"{what} is larger than the {MAX_VALUE_BYTES} bytes a value may take")
+    elif isinstance(decision, AskUser):
+        check_storable(decision.question, what="the question")
+
+
 class DecideJob:
     """One model call: `agent.decide(view)`, then `accept(output, view)` on a Finish."""
 
@@ -161,7 +186,9 @@ class DecideJob:
         else:
             try:
                 decision = coerce_decision(raw)
-            except ValueError as bad:
+                check_decision(decision)
+            except (TypeError, ValueError) as bad:
+                decision = None
                 error = AgentError.of(
                     ErrorCode.INVALID_DECISION, str(bad), returned=type(raw).__name__
                 )

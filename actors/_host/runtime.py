@@ -36,9 +36,10 @@ from steerable.protocol import (
     new_run_id,
     new_trace_id,
 )
+from steerable.protocol.codec import check_storable
 
 from .cell import RunCell
-from .factory import Agent, Hook, RunEntry, agent_name, as_tool
+from .factory import Agent, Hook, RunEntry, agent_name, tool_table
 from .handle import RunHandle
 from .host import RunHost
 from .jobs import Accept
@@ -107,15 +108,14 @@ class Runtime(ObservingFace):
             threading.stack_size(thread_stack_size)
         self.clock: Clock = clock or SystemClock()
         self.store: CheckpointStore = store if store is not None else MemoryStore()
-        self.tools: dict[str, Tool[Any, Any]] = {}
-        for t in tools:
-            wrapped = as_tool(t)
-            self.tools[wrapped.spec.name] = wrapped
+        self.tools: dict[str, Tool[Any, Any]] = tool_table(tools, "Runtime(tools=...)")
         self.agents: dict[str, Agent] = dict(agents or {})
         self.config = config or RunConfig()
         self._hooks: dict[HookName, list[Hook]] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._shut_down = threading.Event()
+        self._left: list[str] = []
         dispatcher = Dispatcher(threads=dispatcher_threads, name="steerable-dispatch")
         timer = TimerService(self.clock, name="steerable-timer")
         pool = WorkerPool(
@@ -211,8 +211,20 @@ class Runtime(ObservingFace):
 
         Raises:
             SteerableError: code `run_ended` if the runtime is shut down.
-            ValueError: A malformed `trace_id` or `traceparent` (nothing started).
+            TypeError: `task` is not a `str` (None included), `session_id` or `task_id` is
+                neither a `str` nor None, `config` is not a `RunConfig`, or `agent` has no
+                `decide`. Nothing is started.
+            ValueError: `task`, `session_id` or `task_id` cannot be stored (text that is
+                not valid Unicode, or a task larger than
+                `steerable.protocol.codec.MAX_VALUE_BYTES`), or `tools` holds two different
+                tools of one name, or a malformed `trace_id` or `traceparent`. Nothing is
+                started.
         """
+        if not isinstance(task, str):
+            raise TypeError(f"task must be a str, not {type(task).__name__}")
+        check_storable(task, what="the task")
+        _optional_text(session_id, "session_id")
+        _optional_text(task_id, "task_id")
         run_id = new_run_id()
         trace_id, observed, abandon = self._observing.begin(
             run_id, agent, self.clock.wall(), trace_id=trace_id, traceparent=traceparent
@@ -411,12 +423,48 @@ class Runtime(ObservingFace):
 
         Returns:
             The names of threads still alive because their tool never returned (abandoned
-            workers, daemon threads); everything else is gone.
+            workers, daemon threads); everything else is gone. A second call (from any thread)
+            waits until the first has finished and returns the same names.
+
+        Raises:
+            RuntimeError: Called from one of this runtime's own threads (inside a tool, a
+                hook, a sync `decide` or `accept`): it cannot wait for the thread it runs on.
+                Nothing is stopped; call it from the host's thread (or use `ashutdown`).
+            TypeError: `timeout` is not a number. Nothing is stopped.
         """
+        if self._on_own_thread():
+            raise RuntimeError(
+                "Runtime.shutdown() called from one of the runtime's own threads (a tool, a "
+                "hook or a decide): it cannot wait for itself; nothing was stopped. Call it "
+                "from the host's thread (e.g. after result() returns)."
+            )
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise TypeError(f"timeout must be seconds as a number, not {timeout!r}")
         with self._lock:
-            if self._closed:
-                return []
+            first = not self._closed
             self._closed = True
+        if not first:
+            self._shut_down.wait()
+            return list(self._left)
+        try:
+            self._left = self._shutdown(timeout, cancel_runs)
+        finally:
+            self._shut_down.set()
+        return list(self._left)
+
+    def _on_own_thread(self) -> bool:
+        thread = threading.current_thread()
+        services = self.services
+        return (
+            services.dispatcher.owns_thread(thread)
+            or services.timer.owns_thread(thread)
+            or services.pool.owns_thread(thread)
+            or services.hook_pool.owns_thread(thread)
+            or services.aloop.owns_thread(thread)
+            or self._observing.feed.owns_thread(thread)
+        )
+
+    def _shutdown(self, timeout: float, cancel_runs: bool | None) -> list[str]:
         if cancel_runs is None:
             cancel_runs = not self.store.durable
         deadline = self.clock.now() + timeout
@@ -509,6 +557,13 @@ class Runtime(ObservingFace):
             callbacks = [cbs] if callable(cbs) else list(cbs)
             merged.setdefault(HookName(name), []).extend(callbacks)
         return merged
+
+
+def _optional_text(value: object, what: str) -> None:
+    if value is not None:
+        if not isinstance(value, str):
+            raise TypeError(f"{what} must be a str or None, not {type(value).__name__}")
+        check_storable(value, what=what)
 
 
 def _shut_down() -> SteerableError:
