@@ -19,7 +19,8 @@ lint:
     {{py}} -m ruff format --check .
     {{py}} -m ruff check .
 
-# Install Debian's Chromium for the HTML timeline test (tests/test_timeline.py), as .ci/run does.
+# Install Debian's Chromium for the browser tests (the web example's page, the HTML timeline),
+# as .ci/run does.
 browser:
     if [ -x /usr/bin/chromium ]; then /usr/bin/chromium --version; exit 0; fi; \
     sudo=""; if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi; \

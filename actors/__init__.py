@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from ._engine.cancel import Cancelled, CancelScope
 from ._engine.clock import Clock, ManualClock, SystemClock
+from ._engine.executor import Executor, OutcomeKind, RemoteHandle, RemoteOutcome, RemoteTask
 from ._engine.pool import ToolWorker
+from ._engine.rayexec import RayExecutor
 from ._host.agent import Agent
 from ._host.childrun import ChildRun
 from ._host.events import EventStream
@@ -36,9 +38,15 @@ __all__ = [
     "ChildRun",
     "Clock",
     "EventStream",
+    "Executor",
     "FeedStream",
     "ManualClock",
     "MemoryStore",
+    "OutcomeKind",
+    "RayExecutor",
+    "RemoteHandle",
+    "RemoteOutcome",
+    "RemoteTask",
     "Replay",
     "RetryableToolError",
     "RevisionInfo",

@@ -18,6 +18,7 @@ import pykka
 
 from steerable.actors._engine.aloop import AsyncRunner
 from steerable.actors._engine.clock import Clock, SystemClock
+from steerable.actors._engine.executor import Executor
 from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import Dispatcher
 from steerable.actors._engine.pool import WorkerPool
@@ -39,6 +40,7 @@ from steerable.protocol import (
 from steerable.protocol.codec import check_storable
 
 from .cell import RunCell
+from .executors import Executors
 from .factory import Agent, Hook, RunEntry, agent_name, tool_table
 from .handle import RunHandle
 from .host import RunHost
@@ -79,9 +81,20 @@ class Runtime(ObservingFace):
             their next message (docs/requirements.md "Passivation"). Default True.
         hook_workers: Threads that run hooks (each run's hooks run one at a time, in order;
             a hung hook holds one thread until `hook_timeout`). Default 8.
+        executors: Named executors for tools with `executor=name`, e.g.
+            `{"ray": RayExecutor(address="auto")}`; "ray" defaults to `RayExecutor()`.
+        process_workers: Warm worker processes for `isolation="process"` tools, started with
+            the runtime when such a tool is registered (else on first need). Default 2.
+        max_processes: Most worker processes at once; calls beyond that queue. Default 8.
+        hook_workers: Threads that run hooks (each run's hooks run one at a time, in order;
+            a hung hook holds one thread until `hook_timeout`). Default 8.
         tracer_provider, meter_provider: OpenTelemetry providers (extra `steerable[otel]`) for
             spans of every run and the runtime's metrics (docs/observability.md). Default none.
         capture_content: Record message and tool content on spans. Default False.
+
+    Raises:
+        ValueError: A tool names an executor the runtime does not have.
+        ImportError: A tool uses `executor="ray"` and Ray (`steerable[ray]`) is not installed.
     """
 
     def __init__(
@@ -100,6 +113,9 @@ class Runtime(ObservingFace):
         thread_stack_size: int | None = None,
         passivate: bool = True,
         hook_workers: int = 8,
+        executors: Mapping[str, Executor] | None = None,
+        process_workers: int = 2,
+        max_processes: int = 8,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         capture_content: bool = False,
@@ -116,6 +132,14 @@ class Runtime(ObservingFace):
         self._closed = False
         self._shut_down = threading.Event()
         self._left: list[str] = []
+        runtime_executors = Executors(
+            executors, process_workers=process_workers, max_processes=max_processes
+        )
+        try:
+            runtime_executors.check(self.tools.values())
+        except BaseException:
+            runtime_executors.shutdown(1.0)
+            raise
         dispatcher = Dispatcher(threads=dispatcher_threads, name="steerable-dispatch")
         timer = TimerService(self.clock, name="steerable-timer")
         pool = WorkerPool(
@@ -139,6 +163,7 @@ class Runtime(ObservingFace):
             tools=self.tools,
             agents=self.agents,
             passivate=passivate,
+            executors=runtime_executors,
         )
         self.services: Services = self._host.services
         self.host_io: HostIO = self.services.host_io
@@ -403,6 +428,7 @@ class Runtime(ObservingFace):
             "inbox_depth_total": dispatcher["inbox_depth_total"],
             "inbox_depth_max": dispatcher["inbox_depth_max"],
             "actors_live": dispatcher["actors_live"],
+            **self.services.executors.statistics(),
             "timers_pending": self.services.timer.statistics()["timers_pending"],
             **self._observing.feed.statistics(),
         }
@@ -492,6 +518,7 @@ class Runtime(ObservingFace):
         left = services.pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += services.hook_pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += services.aloop.shutdown(timeout=max(0.1, deadline - self.clock.now()))
+        left += services.executors.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += self._observing.close(self.clock.wall(), max(0.1, deadline - self.clock.now()))
         self.store.close()
         if left:
@@ -538,6 +565,9 @@ class Runtime(ObservingFace):
     ) -> RunEntry:
         if self._closed:
             raise _shut_down()
+        if tools:
+            # A run's own tools: their executors must exist (Ray: installed) before it starts.
+            self.services.executors.check([t for t in tools if isinstance(t, Tool)])
         return self._factory.entry(
             cell,
             agent,

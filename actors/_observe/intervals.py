@@ -23,7 +23,17 @@ from steerable.protocol import EventKind, Phase, RunEvent
 __all__ = ["Interval", "IntervalKind", "Mark", "Sink", "Tracker", "collect"]
 
 # Event data that is message or tool content: copied only when the host turns capture on.
-CONTENT_KEYS = ("task", "arguments", "value", "result", "content", "output", "question")
+CONTENT_KEYS = (
+    "task",
+    "arguments",
+    "value",
+    "result",
+    "content",
+    "output",
+    "question",
+    "thought",
+    "steps",
+)
 
 
 class IntervalKind(StrEnum):
