@@ -458,6 +458,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 "error": None if error is None else error.code.value,
                 "attempts": call.attempt,
                 "duration": duration,
+                "abandoned": error is not None and error.details.get("abandoned") is True,
                 **(
                     {"value": preview(result.value)}
                     if error is None
@@ -491,7 +492,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 call_id=call_id,
                 side_effect="unknown",
                 idempotency_key=call.key,
-                **({"killed": True} if killed else {}),
+                **({"killed": True} if killed else {"abandoned": True}),
             )
         else:
             error = AgentError.of(
@@ -500,7 +501,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 retryable=True,
                 tool=call.name,
                 call_id=call_id,
-                **({"killed": True} if killed else {}),
+                **({"killed": True} if killed else {"abandoned": True}),
             )
         if not write and self._should_retry(call, error, now):
             return

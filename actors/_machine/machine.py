@@ -318,7 +318,12 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self.fx.emit(
             EventKind.REASONING_FINISHED,
             Phase.REASON,
-            {"model_call": model_call, **decision_preview(decision, self.tools)},
+            {
+                "model_call": model_call,
+                **decision_preview(decision, self.tools),
+                "input_tokens": decision.usage.input_tokens,
+                "output_tokens": decision.usage.output_tokens,
+            },
         )
         if isinstance(decision, Finish):
             self._on_finish(decision, verdict, now)
