@@ -18,6 +18,7 @@ from ._config import RetryPolicy, RunConfig, SteeringMode
 from ._decisions import AskUser, Decision, Finish, Plan, SubagentCall, ToolCall, Usage
 from ._errors import AgentError, ErrorCode, SteerableError
 from ._events import HOOK_EVENTS, EventKind, HookName, Phase, RunEvent
+from ._frozen import FrozenDict, FrozenList
 from ._ids import new_run_id, new_trace_id
 from ._messages import (
     ApprovalDecision,
@@ -55,6 +56,8 @@ __all__ = [
     "EventKind",
     "Finish",
     "ForkOrigin",
+    "FrozenDict",
+    "FrozenList",
     "HookName",
     "HostMessage",
     "ModelCall",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from ._base import Record
+from ._config import MAX_INT
+from ._frozen import FrozenAny, FrozenDict, FrozenMap
 
 __all__ = ["AskUser", "Decision", "Finish", "Plan", "PlanStep", "SubagentCall", "ToolCall", "Usage"]
 
@@ -14,8 +16,8 @@ __all__ = ["AskUser", "Decision", "Finish", "Plan", "PlanStep", "SubagentCall", 
 class Usage(Record):
     """Tokens one model call used. The token budget counts `input_tokens + output_tokens`."""
 
-    input_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=0, ge=0)
+    input_tokens: int = Field(default=0, ge=0, le=MAX_INT)
+    output_tokens: int = Field(default=0, ge=0, le=MAX_INT)
 
     @property
     def total(self) -> int:
@@ -43,7 +45,7 @@ class ToolCall(Record):
 
     kind: Literal["tool"] = "tool"
     name: str
-    arguments: dict[str, Any] = Field(default_factory=dict)
+    arguments: FrozenMap = Field(default_factory=FrozenDict)
     id: str | None = Field(default=None, min_length=1, max_length=128)
 
 
@@ -62,8 +64,8 @@ class SubagentCall(Record):
     kind: Literal["subagent"] = "subagent"
     agent: str
     task: str
-    max_steps: int | None = Field(default=None, ge=0)
-    max_model_calls: int | None = Field(default=None, ge=1)
+    max_steps: int | None = Field(default=None, ge=0, le=MAX_INT)
+    max_model_calls: int | None = Field(default=None, ge=1, le=MAX_INT)
     id: str | None = Field(default=None, min_length=1, max_length=128)
 
 
@@ -86,7 +88,7 @@ class Finish(Record):
     """A claim of completion, checked by the run's `accept` callable (R9)."""
 
     kind: Literal["finish"] = "finish"
-    output: Any = None
+    output: FrozenAny = None
     usage: Usage = Field(default_factory=Usage)
 
 

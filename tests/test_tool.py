@@ -693,9 +693,9 @@ def test_an_unserializable_result_is_a_tool_result_error() -> None:
         with pytest.raises(ToolResultError) as caught:
             normalize_result(value, tool="search")
         assert caught.value.code is ErrorCode.HANDLER_ERROR
-        assert caught.value.error.message.startswith(
-            "result of tool 'search' is not serializable: "
-        )
+        assert caught.value.error.message.startswith("the result of tool 'search' ")
+        assert caught.value.error.message.endswith("(not stored)")
+        assert caught.value.error.details["tool"] == "search"
         assert is_msgpackable(caught.value.error.details)
 
 
@@ -704,7 +704,8 @@ def test_a_too_large_result_is_a_tool_result_error() -> None:
     with pytest.raises(ToolResultError) as caught:
         normalize_result("x" * 200, max_bytes=100)
     assert caught.value.code is ErrorCode.HANDLER_ERROR
-    assert caught.value.error.details == {"size": 202, "limit": 100}
+    assert "larger than the 100 bytes" in caught.value.error.message
+    assert caught.value.error.details == {"result_type": "str"}
     with pytest.raises(ValueError, match="max_bytes"):
         normalize_result(1, max_bytes=0)
 

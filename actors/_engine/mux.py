@@ -195,6 +195,10 @@ class Dispatcher:
         for thread in self._threads:
             thread.start()
 
+    def owns_thread(self, thread: threading.Thread) -> bool:
+        """Whether `thread` is one of this dispatcher's threads."""
+        return thread in self._threads
+
     def stop(self, timeout: float | None = 5.0) -> None:
         """Stop every actor still alive, then the threads; waits up to `timeout` seconds in all.
 

@@ -63,7 +63,10 @@ class RunCell:
         self.next_seq = next_seq
         self.cancel_requested = False
         self.stored = threading.Event()
-        """Set once the store holds a revision of this run (durable `start()` waits for it)."""
+        """Set once the store holds a revision of this run, or gave up a write of it (a
+        durable `send()` waits for it)."""
+        self.store_error: AgentError | None = None
+        """Set (once) when the store gave up a write of this run: sends are refused with it."""
         self._approvals: dict[str, ApprovalRequest] = {}
         # Approved or denied by the host, not yet settled by the run: a resumed run announces
         # its restored approvals again after resume() returned (and a host may already have
@@ -83,13 +86,20 @@ class RunCell:
             self.next_seq += 1
             return message
 
-    def claim_approval(self, call_id: str) -> bool:
-        """Take a pending approval out of the table; True for exactly one caller."""
+    def claim_approval(self, call_id: str) -> ApprovalRequest | None:
+        """Take a pending approval out of the table; the request for exactly one caller."""
         with self.lock:
-            if self._approvals.pop(call_id, None) is None:
-                return False
-            self._answered.add(call_id)
-            return True
+            request = self._approvals.pop(call_id, None)
+            if request is not None:
+                self._answered.add(call_id)
+            return request
+
+    def unclaim_approval(self, request: ApprovalRequest) -> None:
+        """Put back an approval whose decision could not be posted (it is still pending)."""
+        with self.lock:
+            self._answered.discard(request.call_id)
+            if self._approvals_open:
+                self._approvals.setdefault(request.call_id, request)
 
     def pending_approvals(self) -> list[ApprovalRequest]:
         """The calls waiting for a person, oldest first."""
@@ -116,6 +126,12 @@ class RunCell:
             self._approvals.clear()
             self._answered.clear()
             self._approvals_open = False
+
+    def store_failed(self, error: AgentError) -> None:
+        """The store gave up a write of this run (called on the store's writer thread)."""
+        if self.store_error is None:
+            self.store_error = error
+        self.stored.set()  # whoever waits for a first revision learns it will not come
 
     def settle(self, outcome: RunOutcome) -> None:
         """Publish the outcome (once), tell who waits for it, close the event stream."""

@@ -43,7 +43,16 @@ from .messages import Begin
 from .services import Services
 from .supervisor import RunSupervisor
 
-__all__ = ["Agent", "Hook", "Launch", "RunEntry", "RunFactory", "agent_name", "as_tool"]
+__all__ = [
+    "Agent",
+    "Hook",
+    "Launch",
+    "RunEntry",
+    "RunFactory",
+    "agent_name",
+    "as_tool",
+    "tool_table",
+]
 
 _log = get_logger("steerable.runtime")
 _CAPABILITY_CACHE = 1024  # distinct (agent, tool set) snapshots kept
@@ -54,6 +63,34 @@ Hook = Callable[[RunEvent], object]
 def as_tool(obj: Tool[Any, Any] | Callable[..., Any]) -> Tool[Any, Any]:
     """A `Tool` as is; a plain function wrapped with `@tool`'s defaults."""
     return obj if isinstance(obj, Tool) else tool(obj)
+
+
+def tool_table(
+    tools: Iterable[Tool[Any, Any] | Callable[..., Any]], where: str
+) -> dict[str, Tool[Any, Any]]:
+    """Tools by name; two different tools with one name are refused (a plan names one).
+
+    Raises:
+        ValueError: Two different tools (or functions) share a name; the error names both.
+    """
+    table: dict[str, Tool[Any, Any]] = {}
+    for t in tools:
+        wrapped = as_tool(t)
+        name = wrapped.spec.name
+        other = table.get(name)
+        if other is not None and other is not wrapped and other.fn is not wrapped.fn:
+            raise ValueError(
+                f"two tools named {name!r} in {where}: {_describe(other)} and "
+                f"{_describe(wrapped)}; give one of them another name (@tool(name=...))"
+            )
+        table[name] = wrapped
+    return table
+
+
+def _describe(t: Tool[Any, Any]) -> str:
+    fn = t.fn
+    module = getattr(fn, "__module__", None) or "?"
+    return f"{module}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 @dataclass(slots=True)
@@ -135,11 +172,13 @@ class RunFactory:
     def run_tools(
         self, extra: Iterable[Tool[Any, Any] | Callable[..., Any]] | None
     ) -> dict[str, Tool[Any, Any]]:
-        """The runtime's tools with a run's own added (or replacing them by name)."""
+        """The runtime's tools with a run's own added (or replacing them by name).
+
+        Raises:
+            ValueError: `extra` holds two different tools of one name.
+        """
         tools = dict(self.tools)
-        for t in extra or ():
-            wrapped = as_tool(t)
-            tools[wrapped.spec.name] = wrapped
+        tools.update(tool_table(extra or (), "tools=..."))
         return tools
 
     def entry(
@@ -157,10 +196,12 @@ class RunFactory:
         """The entry of a run of `agent` with exactly `tools`; its snapshot lists those.
 
         Raises:
-            TypeError: `agent` has no `decide` method.
+            TypeError: `agent` has no `decide` method, or `config` is not a `RunConfig`.
         """
         if not callable(getattr(agent, "decide", None)):
             raise TypeError(f"agent {agent!r} has no decide(view) method")
+        if not isinstance(config, RunConfig):
+            raise TypeError(f"config must be a RunConfig, not {type(config).__name__}")
         name = agent_name(agent)
         return RunEntry(
             cell=cell,

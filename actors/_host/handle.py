@@ -19,6 +19,7 @@ from steerable.protocol import (
     SteeringMode,
     UserMessage,
 )
+from steerable.protocol.codec import check_storable
 
 from .events import EventStream
 from .offload import async_form
@@ -80,18 +81,19 @@ class RunHandle:
                 the run's `RunConfig.steering`.
 
         Raises:
-            SteerableError: code `run_ended` if the run is already terminal.
-            ValueError: `mode` is not "queue" or "interrupt", or `content` is not valid
-                Unicode text (e.g. a lone surrogate). Nothing is sent.
+            SteerableError: code `run_ended` if the run is already terminal;
+                `store_unavailable` if the store could not store the message (or gave up a
+                write of this run): nothing is sent.
+            TypeError: `content` is not a `str`. Nothing is sent.
+            ValueError: `mode` is not "queue" or "interrupt", or `content` cannot be stored:
+                not valid Unicode text (e.g. a lone surrogate), or larger than
+                `steerable.protocol.codec.MAX_VALUE_BYTES`. Nothing is sent.
         """
         try:
             steering = SteeringMode(mode) if mode is not None else self._port.steering(self.run_id)
         except ValueError:
             raise ValueError(f"mode must be 'queue' or 'interrupt', not {mode!r}") from None
-        try:
-            content.encode("utf-8")
-        except UnicodeEncodeError as exc:  # lone surrogates: no store could keep the text
-            raise ValueError(f"content is not valid Unicode text: {exc.reason}") from None
+        _check_text(content, "content")  # no store could keep it: refused before any seq
 
         def build(seq: int) -> HostMessage:
             return UserMessage(seq=seq, content=content, mode=steering, at=self._port.wall())
@@ -103,11 +105,21 @@ class RunHandle:
         return self._cell.pending_approvals()
 
     def approve(self, call_id: str) -> bool:
-        """Approve a pending call; True if it settled one, False otherwise (docs/contract.md)."""
+        """Approve a pending call; True if it settled one, False otherwise (docs/contract.md).
+
+        Raises:
+            TypeError: `call_id` is not a `str` (nothing is claimed).
+        """
         return self._settle(call_id, approved=True, reason="")
 
     def deny(self, call_id: str, reason: str = "") -> bool:
-        """Deny a pending call: the agent gets an `approval_denied` result."""
+        """Deny a pending call: the agent gets an `approval_denied` result.
+
+        Raises:
+            TypeError: `call_id` or `reason` is not a `str`.
+            ValueError: `reason` cannot be stored (see `send`). Either way the call stays
+                pending: arguments are checked before the approval is claimed.
+        """
         return self._settle(call_id, approved=False, reason=reason)
 
     def cancel(self, reason: str = "cancelled") -> bool:
@@ -116,7 +128,13 @@ class RunHandle:
         Returns:
             True if this call took effect; False if the run was already terminal or
             already being cancelled.
+
+        Raises:
+            TypeError: `reason` is not a `str`.
+            ValueError: `reason` cannot be stored (see `send`). Either way nothing is
+                cancelled: the reason is checked before the cancellation is claimed.
         """
+        _check_text(reason, "reason")
         cell = self._cell
         with cell.lock:
             if cell.state.is_terminal or cell.cancel_requested:
@@ -174,7 +192,13 @@ class RunHandle:
     # ------------------------------------------------------------------ internals
 
     def _settle(self, call_id: str, *, approved: bool, reason: str) -> bool:
-        if not self._cell.claim_approval(call_id):
+        # Validate first, claim second: a claimed approval whose message cannot be built
+        # would be neither pending nor settled, and the run would wait forever.
+        if not isinstance(call_id, str):
+            raise TypeError(f"call_id must be a str, not {type(call_id).__name__}")
+        _check_text(reason, "reason")
+        request = self._cell.claim_approval(call_id)
+        if request is None:
             return False
 
         def build(seq: int) -> HostMessage:
@@ -189,7 +213,12 @@ class RunHandle:
         try:
             self._post(build)
         except SteerableError:
+            if not self._cell.state.is_terminal:
+                self._cell.unclaim_approval(request)  # not posted: still pending
             return False
+        except BaseException:
+            self._cell.unclaim_approval(request)
+            raise
         return True
 
     def _post(self, build: Callable[[int], HostMessage]) -> HostMessage:
@@ -204,3 +233,10 @@ class RunHandle:
                 )
             )
         return self._port.post(cell, build)
+
+
+def _check_text(text: object, what: str) -> None:
+    """Refuse text no store could keep: TypeError for a non-str, ValueError otherwise."""
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a str, not {type(text).__name__}")
+    check_storable(text, what=what)

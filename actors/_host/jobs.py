@@ -19,7 +19,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from steerable.actors._engine.cancel import Cancelled
 from steerable.actors._engine.clock import Clock
+from steerable.actors._engine.executor import Executor, OutcomeKind, RemoteHandle, RemoteOutcome
 from steerable.actors._engine.log import get_logger
+from steerable.actors._tools.remote import decode_result, encode_call
 from steerable.actors._tools.tool import (
     RetryableToolError,
     Tool,
@@ -37,7 +39,9 @@ from steerable.protocol import (
     RunEvent,
     RunView,
     SteerableError,
+    ToolCall,
 )
+from steerable.protocol.codec import MAX_VALUE_BYTES, check_storable
 
 __all__ = [
     "Accept",
@@ -113,6 +117,29 @@ def coerce_decision(value: object) -> Plan | Finish | AskUser:
     raise ValueError(f"decide returned {type(value).__name__}, not Plan, Finish or AskUser")
 
 
+def check_decision(decision: Plan | Finish | AskUser) -> None:
+    """Refuse a decision a store could not keep (text that is not valid Unicode, a task larger
+    than a value may be). A call's arguments are checked by the run machine, per call
+    (`invalid_arguments` for that call alone); a Finish's output when it is normalized.
+
+    Raises:
+        ValueError: What cannot be stored; the run ends `invalid_decision`.
+    """
+    if isinstance(decision, Plan):
+        what = "the plan (its thought, tool names or subagent tasks)"
+        size = check_storable(decision.thought, what=what)
+        for step in decision.steps:
+            if isinstance(step, ToolCall):
+                size += check_storable(step.name, what=what)
+            else:
+                size += check_storable(step.agent, what=what)
+                size += check_storable(step.task, what=what)
+        if size > MAX_VALUE_BYTES:
+            raise ValueError(f"{what} is larger than the {MAX_VALUE_BYTES} bytes a value may take")
+    elif isinstance(decision, AskUser):
+        check_storable(decision.question, what="the question")
+
+
 class DecideJob:
     """One model call: `agent.decide(view)`, then `accept(output, view)` on a Finish."""
 
@@ -161,7 +188,9 @@ class DecideJob:
         else:
             try:
                 decision = coerce_decision(raw)
-            except ValueError as bad:
+                check_decision(decision)
+            except (TypeError, ValueError) as bad:
+                decision = None
                 error = AgentError.of(
                     ErrorCode.INVALID_DECISION, str(bad), returned=type(raw).__name__
                 )
@@ -276,7 +305,7 @@ class ToolJob:
         error = None
         if exc is None:
             try:
-                value = normalize_result(value, tool=ctx.tool)
+                value = normalize_result(value, max_bytes=self.tool.max_result_bytes, tool=ctx.tool)
             except BaseException as bad:  # noqa: BLE001
                 exc = bad
         if exc is not None:
@@ -287,6 +316,61 @@ class ToolJob:
     def cancel_pending(self) -> None:
         """Called by the pool when it drops this job unrun (shutdown)."""
         self.report(None, RuntimeError("the runtime shut down before the call ran"))
+
+    def submit_remote(self, executor: Executor) -> RemoteHandle | None:
+        """Run the call on `executor` (a worker process, a Ray task); never blocks.
+
+        The call's cancel scope is forwarded to where it runs (the cooperative signal); the
+        supervisor kills it through the returned handle. None: the call could not be sent (the
+        error is already reported).
+        """
+        try:
+            task = encode_call(self.tool, self.arguments, self.ctx)
+        except ValueError as exc:
+            self.report(None, exc)
+            return None
+        try:
+            handle = executor.submit(task, self.remote_done)
+        except Exception as exc:  # noqa: BLE001 - an executor that fails (Ray gone): typed error
+            self.report(None, RuntimeError(f"the executor refused the call: {exc!r}"))
+            return None
+        self.ctx.on_cancel(handle.signal)
+        return handle
+
+    def remote_done(self, outcome: RemoteOutcome) -> None:
+        """The executor's report of the call (on its thread): tell the supervisor."""
+        ctx = self.ctx
+        kind = outcome.kind
+        value: Any = None
+        error: AgentError | None = None
+        if kind is OutcomeKind.DONE and outcome.payload is not None:
+            value, error = decode_result(outcome.payload)
+        elif kind is OutcomeKind.CRASHED:
+            error = AgentError.of(
+                ErrorCode.TOOL_CRASHED,
+                f"tool {ctx.tool!r} crashed: {outcome.message}",
+                tool=ctx.tool,
+                call_id=ctx.call_id,
+                **dict(outcome.details),
+                **self.tool.executor_options,
+            )
+        elif kind is OutcomeKind.CANCELLED:
+            error = AgentError.of(
+                ErrorCode.CANCELLED,
+                f"tool {ctx.tool!r} was {outcome.message}",
+                tool=ctx.tool,
+                call_id=ctx.call_id,
+                reason=ctx.scope.reason or "cancelled",
+            )
+        else:
+            error = AgentError.of(
+                ErrorCode.HANDLER_ERROR,
+                f"tool {ctx.tool!r} could not run: {outcome.message}",
+                tool=ctx.tool,
+                call_id=ctx.call_id,
+                outcome=kind.value,
+            )
+        _tell(self.ref, ToolDone(ctx.call_id, ctx.attempt, value, error))
 
 
 class HookJob:

@@ -18,6 +18,7 @@ import pykka
 
 from steerable.actors._engine.aloop import AsyncRunner
 from steerable.actors._engine.clock import Clock, SystemClock
+from steerable.actors._engine.executor import Executor
 from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import Dispatcher
 from steerable.actors._engine.pool import WorkerPool
@@ -36,10 +37,12 @@ from steerable.protocol import (
     new_run_id,
     new_trace_id,
 )
+from steerable.protocol.codec import check_storable
 
 from .cell import RunCell
 from .events import EventLog
-from .factory import Agent, Hook, RunEntry, agent_name, as_tool
+from .executors import Executors
+from .factory import Agent, Hook, RunEntry, agent_name, tool_table
 from .handle import RunHandle
 from .host import RunHost
 from .jobs import Accept
@@ -74,6 +77,15 @@ class Runtime:
             their next message (docs/requirements.md "Passivation"). Default True.
         hook_workers: Threads that run hooks (each run's hooks run one at a time, in order;
             a hung hook holds one thread until `hook_timeout`). Default 8.
+        executors: Named executors for tools with `executor=name`, e.g.
+            `{"ray": RayExecutor(address="auto")}`; "ray" defaults to `RayExecutor()`.
+        process_workers: Warm worker processes for `isolation="process"` tools, started with
+            the runtime when such a tool is registered (else on first need). Default 2.
+        max_processes: Most worker processes at once; calls beyond that queue. Default 8.
+
+    Raises:
+        ValueError: A tool names an executor the runtime does not have.
+        ImportError: A tool uses `executor="ray"` and Ray (`steerable[ray]`) is not installed.
     """
 
     def __init__(
@@ -92,20 +104,30 @@ class Runtime:
         thread_stack_size: int | None = None,
         passivate: bool = True,
         hook_workers: int = 8,
+        executors: Mapping[str, Executor] | None = None,
+        process_workers: int = 2,
+        max_processes: int = 8,
     ) -> None:
         if thread_stack_size is not None:
             threading.stack_size(thread_stack_size)
         self.clock: Clock = clock or SystemClock()
         self.store: CheckpointStore = store if store is not None else MemoryStore()
-        self.tools: dict[str, Tool[Any, Any]] = {}
-        for t in tools:
-            wrapped = as_tool(t)
-            self.tools[wrapped.spec.name] = wrapped
+        self.tools: dict[str, Tool[Any, Any]] = tool_table(tools, "Runtime(tools=...)")
         self.agents: dict[str, Agent] = dict(agents or {})
         self.config = config or RunConfig()
         self._hooks: dict[HookName, list[Hook]] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._shut_down = threading.Event()
+        self._left: list[str] = []
+        runtime_executors = Executors(
+            executors, process_workers=process_workers, max_processes=max_processes
+        )
+        try:
+            runtime_executors.check(self.tools.values())
+        except BaseException:
+            runtime_executors.shutdown(1.0)
+            raise
         dispatcher = Dispatcher(threads=dispatcher_threads, name="steerable-dispatch")
         timer = TimerService(self.clock, name="steerable-timer")
         pool = WorkerPool(
@@ -129,6 +151,7 @@ class Runtime:
             tools=self.tools,
             agents=self.agents,
             passivate=passivate,
+            executors=runtime_executors,
         )
         self.services: Services = self._host.services
         self.host_io: HostIO = self.services.host_io
@@ -190,7 +213,19 @@ class Runtime:
 
         Raises:
             SteerableError: code `run_ended` if the runtime is shut down.
+            TypeError: `task` is not a `str` (None included), `session_id` or `task_id` is
+                neither a `str` nor None, `config` is not a `RunConfig`, or `agent` has no
+                `decide`. Nothing is started.
+            ValueError: `task`, `session_id` or `task_id` cannot be stored (text that is
+                not valid Unicode, or a task larger than
+                `steerable.protocol.codec.MAX_VALUE_BYTES`), or `tools` holds two different
+                tools of one name. Nothing is started.
         """
+        if not isinstance(task, str):
+            raise TypeError(f"task must be a str, not {type(task).__name__}")
+        check_storable(task, what="the task")
+        _optional_text(session_id, "session_id")
+        _optional_text(task_id, "task_id")
         run_id = new_run_id()
         trace_id = new_trace_id()
         entry = self._entry(
@@ -363,6 +398,7 @@ class Runtime:
             "inbox_depth_total": dispatcher["inbox_depth_total"],
             "inbox_depth_max": dispatcher["inbox_depth_max"],
             "actors_live": dispatcher["actors_live"],
+            **self.services.executors.statistics(),
             "timers_pending": self.services.timer.statistics()["timers_pending"],
         }
 
@@ -382,12 +418,47 @@ class Runtime:
 
         Returns:
             The names of threads still alive because their tool never returned (abandoned
-            workers, daemon threads); everything else is gone.
+            workers, daemon threads); everything else is gone. A second call (from any thread)
+            waits until the first has finished and returns the same names.
+
+        Raises:
+            RuntimeError: Called from one of this runtime's own threads (inside a tool, a
+                hook, a sync `decide` or `accept`): it cannot wait for the thread it runs on.
+                Nothing is stopped; call it from the host's thread (or use `ashutdown`).
+            TypeError: `timeout` is not a number. Nothing is stopped.
         """
+        if self._on_own_thread():
+            raise RuntimeError(
+                "Runtime.shutdown() called from one of the runtime's own threads (a tool, a "
+                "hook or a decide): it cannot wait for itself; nothing was stopped. Call it "
+                "from the host's thread (e.g. after result() returns)."
+            )
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise TypeError(f"timeout must be seconds as a number, not {timeout!r}")
         with self._lock:
-            if self._closed:
-                return []
+            first = not self._closed
             self._closed = True
+        if not first:
+            self._shut_down.wait()
+            return list(self._left)
+        try:
+            self._left = self._shutdown(timeout, cancel_runs)
+        finally:
+            self._shut_down.set()
+        return list(self._left)
+
+    def _on_own_thread(self) -> bool:
+        thread = threading.current_thread()
+        services = self.services
+        return (
+            services.dispatcher.owns_thread(thread)
+            or services.timer.owns_thread(thread)
+            or services.pool.owns_thread(thread)
+            or services.hook_pool.owns_thread(thread)
+            or services.aloop.owns_thread(thread)
+        )
+
+    def _shutdown(self, timeout: float, cancel_runs: bool | None) -> list[str]:
         if cancel_runs is None:
             cancel_runs = not self.store.durable
         deadline = self.clock.now() + timeout
@@ -415,6 +486,7 @@ class Runtime:
         left = services.pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += services.hook_pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += services.aloop.shutdown(timeout=max(0.1, deadline - self.clock.now()))
+        left += services.executors.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         self.store.close()
         if left:
             _log.warning("threads_abandoned_at_shutdown", threads=left)
@@ -460,6 +532,9 @@ class Runtime:
     ) -> RunEntry:
         if self._closed:
             raise _shut_down()
+        if tools:
+            # A run's own tools: their executors must exist (Ray: installed) before it starts.
+            self.services.executors.check([t for t in tools if isinstance(t, Tool)])
         return self._factory.entry(
             cell,
             agent,
@@ -479,6 +554,13 @@ class Runtime:
             callbacks = [cbs] if callable(cbs) else list(cbs)
             merged.setdefault(HookName(name), []).extend(callbacks)
         return merged
+
+
+def _optional_text(value: object, what: str) -> None:
+    if value is not None:
+        if not isinstance(value, str):
+            raise TypeError(f"{what} must be a str or None, not {type(value).__name__}")
+        check_storable(value, what=what)
 
 
 def _shut_down() -> SteerableError:

@@ -22,6 +22,7 @@ from .offload import HostIO
 
 if TYPE_CHECKING:
     from .cell import RunCell
+    from .executors import Executors
 
 __all__ = ["Parkable", "Services", "SupervisorHost"]
 
@@ -91,5 +92,7 @@ class Services:
     agents: frozenset[str]
     """Names of the agents runs may start as subagents."""
     host: SupervisorHost
+    executors: Executors
+    """Where remote tool calls run: the process pool, named executors (docs/isolation.md)."""
     host_io: HostIO = field(default_factory=HostIO)
     """The threads of the async face (`await rt.astart(...)`, `await handle.asend(...)`)."""

@@ -131,15 +131,18 @@ def jitter_unit(key: str, attempt: int) -> float:
     return int.from_bytes(digest, "big") / 2**32
 
 
-def cancelled(reason: str, call: Call, *, abandoned: bool = False) -> AgentError:
-    """The `cancelled` error of one call."""
+def cancelled(
+    reason: str, call: Call, *, abandoned: bool = False, killed: bool = False
+) -> AgentError:
+    """The `cancelled` error of one call; `killed`: its process was killed (docs/isolation.md)."""
     return AgentError.of(
         ErrorCode.CANCELLED,
         f"{call.name} was cancelled ({reason})",
         call_id=call.call_id,
         tool=call.name,
         reason=reason,
-        abandoned=abandoned,
+        abandoned=abandoned and not killed,
+        **({"killed": True} if killed else {}),
     )
 
 

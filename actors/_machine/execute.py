@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Secret, SecretBytes, SecretStr
-
 from steerable.protocol import (
     AgentError,
     ApprovalDecision,
@@ -24,23 +22,33 @@ from steerable.protocol import (
     ToolResult,
     WaitingFor,
 )
+from steerable.protocol._frozen import FrozenDict
 from steerable.protocol._ids import call_id as make_call_id
 from steerable.protocol._ids import idempotency_key
-from steerable.protocol.codec import redact
 
 from .base import MODEL_KEY, PLAN_KEY, RUN_KEY, Call, MachineBase, Stage, cancelled, jitter_unit
 from .children import ChildrenMixin
 from .effects import CallJob, TimerKind
+from .preview import preview
+from .recording import checked_arguments, recorded_arguments
 
 __all__ = ["ExecutionMixin"]
 
-_SECRETS = (SecretStr, SecretBytes, Secret)
 _RESERVED_KEYS = frozenset({MODEL_KEY, RUN_KEY, PLAN_KEY, "hooks"})
 """Work and timer keys of the run itself: never a call id."""
 
 
 class ExecutionMixin(ChildrenMixin, MachineBase):
-    """The run machine's plan execution (see `RunMachine`)."""
+    """The run machine's plan execution (see `RunMachine`).
+
+    A plan's cost is linear in its steps (docs/reliability.md, "Hostile values"): calls are
+    found by id through an index, and dispatching resumes from a cursor before which no call
+    is pending, instead of scanning the whole plan on every result.
+    """
+
+    # Built for (and kept with) one plan list; replaced when the plan is.
+    _plan_index: tuple[list[Call], dict[str, Call]] | None = None
+    _scan: tuple[list[Call], int] | None = None
 
     def pending_approvals(self) -> list[Call]:
         """Calls of the current plan waiting for a person."""
@@ -82,6 +90,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         if msg.approved:
             call.status = CallStatus.PENDING
             call.needs_approval = False
+            self._scan = None  # a call before the dispatch cursor is pending again
         else:
             error = AgentError.of(
                 ErrorCode.APPROVAL_DENIED,
@@ -108,6 +117,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             return
         self.fx.emit(EventKind.PLANNING_STARTED, Phase.PLAN, {"steps": len(plan.steps)})
         calls: list[Call] = []
+        recorded: list[dict[str, Any] | None] = []
         executable = 0
         children = 0
         taken = self._taken_call_ids(plan)
@@ -117,10 +127,13 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             if isinstance(step, SubagentCall):
                 call = self._plan_subagent(index, cid, key, step, children)
                 children += call.status is CallStatus.PENDING
+                recorded.append(None)
             else:
-                call, ok = self._plan_call(index, cid, key, step)
+                call, ok, arguments = self._plan_call(index, cid, key, step)
                 executable += ok
+                recorded.append(arguments)
             calls.append(call)
+        self._record_decision(plan, calls, recorded)
         steps_left = self.config.max_steps - self.steps
         if executable > steps_left:
             # No half-run plans (docs/contract.md "Budgets at the edge").
@@ -128,7 +141,6 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 "max_steps", self.config.max_steps, planned=executable, steps_left=steps_left
             )
             return
-        self._redact_decision(plan, calls)
         short = self._reserve(calls, executable)
         if short is not None:
             # Children cannot get a share of a budget that is used up: no half-run plans.
@@ -197,42 +209,58 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         taken.add(cid)
         return cid
 
-    def _redact_decision(self, plan: Plan, calls: list[Call]) -> None:
-        """Record each step's call id, and R26: a secret argument never reaches the transcript.
+    def _record_decision(
+        self, plan: Plan, calls: list[Call], recorded: list[dict[str, Any] | None]
+    ) -> None:
+        """Record the decision with each step's call id and its arguments as
+        `recorded_arguments` made them (frozen, secrets redacted).
 
-        The agent may pass a credential as a plain string to a `SecretStr` parameter; the
-        validated call holds the secret, and the recorded decision gets its reference.
+        Done before the plan can end any way (accepted, invalid, over budget): what the
+        transcript keeps is storable and holds no secret in clear (R26).
         """
-        secret = [any(isinstance(v, _SECRETS) for v in c.arguments.values()) for c in calls]
-        if not any(secret) and all(
-            step.id == call.call_id for step, call in zip(plan.steps, calls, strict=True)
-        ):
+        steps = plan.steps
+        unchanged = [
+            step.id == call.call_id
+            and (r is None or not isinstance(step, ToolCall) or r is step.arguments)
+            for step, call, r in zip(steps, calls, recorded, strict=True)
+        ]
+        if all(unchanged):
             return
-        steps: list[ToolCall | SubagentCall] = []
-        for step, call, has_secret in zip(plan.steps, calls, secret, strict=True):
-            if has_secret and isinstance(step, ToolCall):
-                arguments = {
-                    k: redact(call.arguments[k])
-                    if isinstance(call.arguments.get(k), _SECRETS)
-                    else v
-                    for k, v in step.arguments.items()
-                }
-                steps.append(ToolCall(name=step.name, arguments=arguments, id=call.call_id))
-            elif step.id != call.call_id:
-                steps.append(step.model_copy(update={"id": call.call_id}))
-            else:
-                steps.append(step)
+        new_steps = tuple(
+            step
+            if same
+            else step.model_copy(update={"id": call.call_id})
+            if r is None or not isinstance(step, ToolCall)
+            else step.model_copy(update={"arguments": r, "id": call.call_id})  # r is frozen
+            for step, call, r, same in zip(steps, calls, recorded, unchanged, strict=True)
+        )
         entry = self.transcript[-1]
         assert isinstance(entry, DecisionEntry)
         self.transcript[-1] = DecisionEntry(
-            model_call=entry.model_call, decision=plan.model_copy(update={"steps": tuple(steps)})
+            model_call=entry.model_call, decision=plan.model_copy(update={"steps": new_steps})
         )
 
-    def _plan_call(self, index: int, cid: str, key: str, step: ToolCall) -> tuple[Call, bool]:
-        """Turn one plan step into a call; unknown tools and bad arguments resolve at once."""
+    def _plan_call(
+        self, index: int, cid: str, key: str, step: ToolCall
+    ) -> tuple[Call, bool, dict[str, Any]]:
+        """Turn one plan step into a call; unknown tools and bad arguments resolve at once.
+
+        Returns the call, whether it will execute, and the arguments to record for it.
+        """
         tool = self.tools.get(step.name)
+        spec = None if tool is None else tool.spec
+        problem = checked_arguments(step.name, step.arguments, validated=False)
+        if problem is not None:
+            # Nothing of them can be stored: the call records none, the error says why.
+            call = Call(index, cid, "tool", step.name, {}, key, spec)
+            self._resolve_now(
+                call,
+                AgentError.of(ErrorCode.INVALID_ARGUMENTS, problem, tool=step.name, call_id=cid),
+            )
+            return call, False, FrozenDict()
         if tool is None:
-            call = Call(index, cid, "tool", step.name, dict(step.arguments), key, None)
+            recorded = recorded_arguments(None, step.arguments, None)
+            call = Call(index, cid, "tool", step.name, dict(recorded), key, None)
             self._resolve_now(
                 call,
                 AgentError.of(
@@ -243,20 +271,32 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                     available=sorted(self.tools),
                 ),
             )
-            return call, False
+            return call, False, recorded
+        error: AgentError | None = None
         try:
             arguments = tool.validate(step.arguments)
         except Exception as exc:  # noqa: BLE001 - any validator failure is the agent's bad input
-            error = getattr(exc, "error", None)
-            if not isinstance(error, AgentError):
-                error = AgentError.of(ErrorCode.INVALID_ARGUMENTS, str(exc), tool=step.name)
-            call = Call(index, cid, "tool", step.name, dict(step.arguments), key, tool.spec)
+            found = getattr(exc, "error", None)
+            error = (
+                found
+                if isinstance(found, AgentError)
+                else AgentError.of(ErrorCode.INVALID_ARGUMENTS, str(exc), tool=step.name)
+            )
+        else:
+            problem = checked_arguments(step.name, arguments, validated=True)
+            if problem is not None:  # a validator made something no store can keep
+                error = AgentError.of(
+                    ErrorCode.INVALID_ARGUMENTS, problem, tool=step.name, call_id=cid
+                )
+        if error is not None:
+            recorded = recorded_arguments(spec, step.arguments, None)
+            call = Call(index, cid, "tool", step.name, dict(recorded), key, spec)
             self._resolve_now(call, error)
-            return call, False
-        call = Call(index, cid, "tool", step.name, arguments, key, tool.spec)
+            return call, False, recorded
+        call = Call(index, cid, "tool", step.name, arguments, key, spec)
         if call.needs_approval:
             call.status = CallStatus.AWAITING_APPROVAL
-        return call, True
+        return call, True, recorded_arguments(spec, step.arguments, arguments)
 
     def _resolve_now(self, call: Call, error: AgentError) -> None:
         call.status = CallStatus.DONE
@@ -277,15 +317,25 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             return
         limit = self.config.max_parallel_tools
         if not self._interrupting and self._cancel_reason is None:
-            for call in self.plan:
-                if self._running >= limit:
-                    break
-                if call.status is CallStatus.PENDING and call.kind == "subagent":
+            plan = self.plan
+            scan = self._scan
+            i = scan[1] if scan is not None and scan[0] is plan else 0
+            settled = i  # no call before `settled` is pending
+            while i < len(plan) and self._running < limit:
+                call = plan[i]
+                i += 1
+                if call.status is not CallStatus.PENDING:
+                    if settled == i - 1:
+                        settled = i
+                    continue
+                if settled == i - 1:
+                    settled = i  # dispatched below: no longer pending
+                if call.kind == "subagent":
                     call.status = CallStatus.RUNNING
                     self._running += 1
                     call.first_dispatch = now
                     self._start_child(call, now)
-                elif call.status is CallStatus.PENDING:
+                else:
                     call.status = CallStatus.RUNNING
                     self._running += 1
                     if not call.counted:  # a re-dispatch after a crash is the same step
@@ -293,6 +343,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                         self.steps += 1  # R27: a validated, approved execution is one tool step
                     call.first_dispatch = now
                     self._dispatch_attempt(call, now)
+            self._scan = (plan, settled)
         if self._running:
             return
         if all(c.status is CallStatus.DONE for c in self.plan):
@@ -317,7 +368,13 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         self.fx.schedule(TimerKind.TOOL_TIMEOUT, call.call_id, call.attempt, deadline)
         if call.attempt == 1:
             self.fx.emit(
-                EventKind.TOOL_STARTED, Phase.EXECUTE, {"call_id": call.call_id, "tool": call.name}
+                EventKind.TOOL_STARTED,
+                Phase.EXECUTE,
+                {
+                    "call_id": call.call_id,
+                    "tool": call.name,
+                    "arguments": preview(call.arguments) if call.arguments else {},
+                },
             )
         self.fx.dispatch(
             CallJob(call.call_id, call.name, call.arguments, call.key, call.attempt, deadline)
@@ -400,6 +457,12 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 "ok": error is None,
                 "error": None if error is None else error.code.value,
                 "attempts": call.attempt,
+                "duration": duration,
+                **(
+                    {"value": preview(result.value)}
+                    if error is None
+                    else {"message": preview(error.message)}
+                ),
             },
         )
         if advance:
@@ -414,9 +477,10 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             or call.retry_pending
         ):
             return
-        # R15: control returns at once; the thread may never return, so it is abandoned.
+        # R15: control returns at once; the thread may never return, so it is abandoned (a
+        # process-isolated call is killed instead).
         self.fx.cancel_work(call_id, "timeout")
-        self.fx.abandon_work(call_id)
+        killed = bool(self.fx.abandon_work(call_id))
         spec = call.spec
         write = spec is not None and spec.side_effect is SideEffect.WRITE
         if write:
@@ -427,6 +491,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 call_id=call_id,
                 side_effect="unknown",
                 idempotency_key=call.key,
+                **({"killed": True} if killed else {}),
             )
         else:
             error = AgentError.of(
@@ -435,6 +500,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 retryable=True,
                 tool=call.name,
                 call_id=call_id,
+                **({"killed": True} if killed else {}),
             )
         if not write and self._should_retry(call, error, now):
             return
@@ -460,7 +526,8 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         self._boundary(now)
 
     def _find(self, call_id: str) -> Call | None:
-        for call in self.plan:
-            if call.call_id == call_id:
-                return call
-        return None
+        plan = self.plan
+        index = self._plan_index
+        if index is None or index[0] is not plan or len(index[1]) != len(plan):
+            index = self._plan_index = (plan, {call.call_id: call for call in plan})
+        return index[1].get(call_id)

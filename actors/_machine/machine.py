@@ -56,6 +56,7 @@ from .base import (
 from .effects import Effects, TimerKind
 from .execute import ExecutionMixin
 from .persist import PersistenceMixin
+from .preview import decision_preview, preview
 from .stopping import StoppingMixin
 
 __all__ = ["MODEL_KEY", "RunMachine", "ToolLike"]
@@ -317,7 +318,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self.fx.emit(
             EventKind.REASONING_FINISHED,
             Phase.REASON,
-            {"model_call": model_call, "decision": decision.kind},
+            {"model_call": model_call, **decision_preview(decision, self.tools)},
         )
         if isinstance(decision, Finish):
             self._on_finish(decision, verdict, now)
@@ -554,7 +555,13 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self.fx.emit(
             EventKind.RUN_ENDED,
             None,
-            {"state": state.value, "error": None if error is None else error.code.value},
+            {
+                "state": state.value,
+                "error": None if error is None else error.code.value,
+                "message": None if error is None else preview(error.message),
+                "output": preview(outcome.output),
+                "revision": outcome.revision,
+            },
         )
         self.fx.settled(outcome)
 
