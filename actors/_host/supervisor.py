@@ -23,6 +23,7 @@ from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import MuxActor, tell_now
 from steerable.actors._machine.effects import CallJob, ChildJob, TimerKind
 from steerable.actors._machine.machine import MODEL_KEY, RunMachine
+from steerable.actors._machine.preview import preview
 from steerable.actors._tools.tool import Tool, ToolContext
 from steerable.protocol import (
     HOOK_EVENTS,
@@ -335,7 +336,15 @@ class RunSupervisor(SteerableActor, MuxActor):
         self._final_state = self.cell.state = RunState.ERROR
         self._emit(EventKind.ERROR, None, {"code": error.code.value, "message": error.message})
         self._emit(
-            EventKind.RUN_ENDED, None, {"state": RunState.ERROR.value, "error": error.code.value}
+            EventKind.RUN_ENDED,
+            None,
+            {
+                "state": RunState.ERROR.value,
+                "error": error.code.value,
+                "message": preview(error.message),
+                "output": None,
+                "revision": self._stored,
+            },
         )
         self._finish()
 
@@ -499,6 +508,8 @@ class RunSupervisor(SteerableActor, MuxActor):
         ):
             self._ended = (phase, data)
             return
+        if kind is EventKind.RUN_ENDED and self._store_error is not None and "revision" in data:
+            data = {**data, "revision": self._stored}  # what the store holds, as the outcome
         self._emit(kind, phase, data)
 
     def _emit(self, kind: EventKind, phase: Phase | None, data: dict[str, Any]) -> None:
