@@ -444,3 +444,47 @@ def test_resume_delivers_stored_messages_at_the_boundary_they_reached() -> None:
     assert [m.content for m in r.view.delivered] == ["stop that", "and use b.txt"]
     res = _resume(r, k, before_next=True)
     assert [m.content for m in res.view.delivered] == ["stop that", "and use b.txt"]
+
+
+def test_resume_in_the_deadlines_window_ends_by_the_deadline() -> None:
+    # Found by ResumeModel (issue 10, defect 1), replayed step by step. The run's deadline
+    # stops the plan at t=15: the results of the calls it stops are journaled, then the
+    # terminal checkpoint follows. A crash between the two left a journal whose results said
+    # the deadline had fired, which resume took for the plan's own results: it completed the
+    # plan and went on past its deadline. It must end by the deadline, as the crashed run did.
+    retry = RetryPolicy(max_retries=1, backoff=0.1, jitter=False)
+    cfg = RunConfig(
+        max_steps=3,
+        max_model_calls=2,
+        max_parallel_tools=1,
+        step_timeout=30.0,
+        model_timeout=2.0,
+        total_timeout=15.0,
+        cancel_grace=0.5,
+        retry=retry,
+    )
+    m = ResumeModel()
+    steps: list[tuple[str, dict[str, Any]]] = [
+        ("start", {"cfg": cfg, "now": 0.0}),
+        ("timer_fires", {"index": 0}),  # the model call times out: retry 1 of 1
+        ("timer_fires", {"index": 0}),  # the retry's boundary
+        ("agent_decides", {"kind": "plan", "names": ["read", "read", "gated"], "tokens": 0}),
+        ("timer_fires", {"index": 1}),  # c1.0 times out at the deadline (no time to retry)
+        ("abandoned_worker_reports_late", {"index": 0}),
+        ("tool_reports", {"index": 0, "outcome": "ok", "value": None}),  # c1.1; c1.2 waits
+        ("timer_fires", {"index": 0}),  # the run's deadline
+        ("poke_the_ended_run", {"index": 0}),
+        ("poke_the_ended_run", {"index": 0}),
+    ]
+    for name, kwargs in steps:
+        if name == "agent_decides":
+            kwargs["output"] = None
+        getattr(m, name)(**kwargs)
+        m.holds()
+    assert m.run.state() is RunState.ERROR
+    m.teardown()  # resumes around every checkpoint, "before checkpoint 4" included
+    res = _resume(m.run, 3, before_next=True)
+    assert res.state() is RunState.ERROR
+    assert res.error.details.get("scope") == "run"
+    assert res.fx.dispatched == []
+    assert res.fx.decides == []

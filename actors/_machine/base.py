@@ -34,7 +34,16 @@ from steerable.protocol import (
 
 from .effects import Effects
 
-__all__ = ["MODEL_KEY", "Call", "MachineBase", "Stage", "ToolLike", "cancelled", "jitter_unit"]
+__all__ = [
+    "MODEL_KEY",
+    "Call",
+    "MachineBase",
+    "Stage",
+    "ToolLike",
+    "cancelled",
+    "jitter_unit",
+    "stopped_by_deadline",
+]
 
 MODEL_KEY = "model"
 """The work key of the run's model call (tool calls use their call id)."""
@@ -131,6 +140,16 @@ def jitter_unit(key: str, attempt: int) -> float:
     return int.from_bytes(digest, "big") / 2**32
 
 
+def stopped_by_deadline(result: ToolResult | SubagentResult | None) -> bool:
+    """Whether `result` is that of a call the run's deadline stopped (the run ended there)."""
+    error = None if result is None else result.error
+    return (
+        error is not None
+        and error.code is ErrorCode.TIMEOUT
+        and error.details.get("scope") == "run"
+    )
+
+
 def cancelled(reason: str, call: Call, *, abandoned: bool = False) -> AgentError:
     """The `cancelled` error of one call."""
     return AgentError.of(
@@ -200,6 +219,7 @@ class MachineBase:
     _holding: bool
     _unseen: tuple[UserMessage, ...]
     _fork_waits: bool
+    _deadline_passed: bool
 
     # Loop methods the other parts call (defined in `_machine.py`).
     def _boundary(self, now: float) -> None:
@@ -215,6 +235,9 @@ class MachineBase:
         raise NotImplementedError
 
     def _maybe_finish_cancel(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _end_by_deadline(self, now: float) -> None:
         raise NotImplementedError
 
     def _add_phase(self, phase: Phase, seconds: float) -> None:

@@ -190,6 +190,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self._holding = False
         self._unseen: tuple[UserMessage, ...] = ()
         self._fork_waits = False
+        self._deadline_passed = False  # restored: a journaled result says the deadline fired
         self.subagents = frozenset(subagents)
         self.children_started = 0
         self.forked_from: ForkOrigin | None = None

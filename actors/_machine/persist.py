@@ -28,7 +28,7 @@ from steerable.protocol import (
 )
 from steerable.protocol._ids import idempotency_key
 
-from .base import RUN_KEY, Call, MachineBase, Stage, ToolLike
+from .base import RUN_KEY, Call, MachineBase, Stage, ToolLike, stopped_by_deadline
 from .effects import TimerKind
 
 SECRET_REF = "secret:sha256:"
@@ -183,6 +183,9 @@ class PersistenceMixin(MachineBase):
             for pc in snap.plan
         ]
         self._deadline_left = snap.deadline_left
+        # The deadline's results are journaled before its terminal checkpoint: a crash
+        # between the two leaves the run's end in the journal only (docs/durability.md).
+        self._deadline_passed = any(stopped_by_deadline(c.result) for c in self.plan)
         self._count_children(stored)
         for metrics in (children or {}).values():
             self.steps += metrics.steps
@@ -306,6 +309,12 @@ class PersistenceMixin(MachineBase):
             self.fx.settled(self.outcome())
             return
         self._resume_clock_and_state(now, announce=not wake)
+        if self._deadline_passed:
+            for call in self.plan:
+                if call.status is CallStatus.RUNNING:
+                    call.status = CallStatus.PENDING  # it runs in no process now
+            self._end_by_deadline(now)
+            return
         self._resume_position(now, announce=not wake)
         # Stored messages are applied as one batch before the run moves on: results already
         # journaled must not carry the plan (and a model call) past a later stored cancel.

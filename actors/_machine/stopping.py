@@ -87,6 +87,14 @@ class StoppingMixin(MachineBase):
             self.fx.cancel_work(key, "timeout")
             self.fx.abandon_work(key)
         self._model_in_flight = False
+        self._end_by_deadline(now)
+
+    def _end_by_deadline(self, now: float) -> None:
+        """End the run in ERROR `timeout`: every call without a result is stopped by it.
+
+        Its calls' results are journaled before the terminal checkpoint: a resume that finds
+        one (`stopped_by_deadline`) ends the run here too, as the crashed process did.
+        """
         for call in self.plan:
             if call.status is not CallStatus.DONE:
                 self._complete(
