@@ -150,8 +150,8 @@ def stopped_by_deadline(result: ToolResult | SubagentResult | None) -> bool:
     )
 
 
-def cancelled(reason: str, call: Call, *, abandoned: bool = False) -> AgentError:
-    """The `cancelled` error of one call."""
+def cancelled(reason: str, call: Call, *, abandoned: bool = False, **details: Any) -> AgentError:
+    """The `cancelled` error of one call (`details`: more, e.g. the value it returned)."""
     return AgentError.of(
         ErrorCode.CANCELLED,
         f"{call.name} was cancelled ({reason})",
@@ -159,6 +159,7 @@ def cancelled(reason: str, call: Call, *, abandoned: bool = False) -> AgentError
         tool=call.name,
         reason=reason,
         abandoned=abandoned,
+        **details,
     )
 
 

@@ -51,6 +51,7 @@ from .base import (
     Call,
     Stage,
     ToolLike,
+    cancelled,
 )
 from .effects import Effects, TimerKind
 from .execute import ExecutionMixin
@@ -331,6 +332,12 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             self._m["late_results_dropped"] += 1
             return
         self.fx.unschedule(TimerKind.TOOL_TIMEOUT, call_id)
+        reason = call.cancel_reason or self._cancel_reason
+        if error is None and reason is not None:
+            # It saw the interrupt or the cancel and returned: it was cancelled all the same
+            # (docs/steering.md); what it returned is kept in the error.
+            error = cancelled(reason, call, value=value)
+            value = None
         if error is not None and self._should_retry(call, error, now):
             return
         self._complete(call, value, error, now)
