@@ -47,7 +47,11 @@ Differences the design documents, mapped explicitly (never ignored silently):
   at once and is never dispatched, and compares nothing further.
 - the window before k+1 is lost with the process except what was stored: counters kept only
   in memory (`retries`, `tool_errors`, `late_results_dropped`) lose what the window added
-  (snapshot k+1 minus snapshot k); a hook error recorded in the window is lost. When the run
+  (snapshot k+1 minus snapshot k); a hook error recorded in the window is lost, and so is the
+  error of an attempt retried in the window (like the `retries` it counts). The errors of the
+  results journaled in the window come back with them (R6), in the plan's step order (the
+  journal keeps results, not the order they came in), before the errors the resumed run
+  records itself. When the run
   ends in the window (k+1 terminal), its `cancelled` error lists in `abandoned` the work the
   resumed process abandoned, and its undelivered inbox is not compared (a message that came
   after the cancel was pending in the original, and comes after the end in the resumed run). The
@@ -315,7 +319,7 @@ def check_resume(run: Run, crash: Crash) -> None:
         for body in (got, want):  # never delivered either way (see the module docstring)
             body["pending_messages"] = body["delivered_seq"] = None
     assert got == want, _diff(got, want)
-    kept = [e for e in a.errors if not any(e is x for x in crash.lost_errors)]
+    kept = _kept_errors(run, crash)
     assert _errors(b.errors, ended_in_window) == _errors(kept, ended_in_window)
     if run.fx.settled_outcomes:
         mine, theirs = res.outcome, run.outcome
@@ -323,6 +327,25 @@ def check_resume(run: Run, crash: Crash) -> None:
         assert _errors(mine.errors, ended_in_window) == _errors(kept, ended_in_window)
         assert mine.revision == theirs.revision + delta
     assert res.fx.timers == run.fx.timers
+
+
+def _kept_errors(run: Run, crash: Crash) -> list[AgentError]:
+    """The original's errors as the resumed run must have them (see the module docstring)."""
+    errors = run.machine.errors
+    if not crash.before_next:
+        return list(errors)
+    start = len(crash.stored.snapshot.errors)
+    end = len(RunSnapshot.model_validate(run.fx.checkpoints[crash.k + 1].snapshot).errors)
+    window = [
+        e
+        for e in errors[start:end]
+        if not any(e is x for x in crash.lost_errors) and not e.details.get("retried")
+    ]
+    step = {pc.call_id: i for i, pc in enumerate(crash.stored.snapshot.plan)}
+    journaled = [e for e in window if e.details.get("call_id") in crash.stored.journal]
+    journaled.sort(key=lambda e: step[e.details["call_id"]])
+    rest = [e for e in window if not any(e is x for x in journaled)]
+    return [*errors[:start], *journaled, *rest, *errors[end:]]
 
 
 def _ended_at(run: Run, k: int) -> bool:

@@ -40,6 +40,7 @@ __all__ = [
     "MachineBase",
     "Stage",
     "ToolLike",
+    "call_error",
     "cancelled",
     "jitter_unit",
     "stopped_by_deadline",
@@ -138,6 +139,16 @@ def jitter_unit(key: str, attempt: int) -> float:
     """A deterministic draw in [0, 1): replays and tests see the same delays (R16)."""
     digest = hashlib.blake2b(f"{key}/{attempt}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "big") / 2**32
+
+
+def call_error(call_id: str, tool: str, error: AgentError, **extra: Any) -> AgentError:
+    """`error` as the run records it for call `call_id`: naming the call (and `extra`)."""
+    details = error.details
+    if details.get("call_id") == call_id and "tool" in details and not extra:
+        return error
+    return error.model_copy(
+        update={"details": {**details, "call_id": call_id, "tool": tool, **extra}}
+    )
 
 
 def stopped_by_deadline(result: ToolResult | SubagentResult | None) -> bool:
@@ -271,4 +282,12 @@ class MachineBase:
         return self._model_in_flight or self._running > 0
 
     def _note(self, text: str, **data: Any) -> None:
+        raise NotImplementedError
+
+    def _record(self, error: AgentError, phase: Phase | None = None, **event: Any) -> None:
+        raise NotImplementedError
+
+    def _record_result(
+        self, result: ToolResult | SubagentResult, phase: Phase | None, *, silent: bool = False
+    ) -> None:
         raise NotImplementedError

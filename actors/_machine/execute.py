@@ -27,7 +27,16 @@ from steerable.protocol._ids import call_id as make_call_id
 from steerable.protocol._ids import idempotency_key
 from steerable.protocol.codec import redact
 
-from .base import MODEL_KEY, PLAN_KEY, Call, MachineBase, Stage, cancelled, jitter_unit
+from .base import (
+    MODEL_KEY,
+    PLAN_KEY,
+    Call,
+    MachineBase,
+    Stage,
+    call_error,
+    cancelled,
+    jitter_unit,
+)
 from .children import ChildrenMixin
 from .effects import CallJob, TimerKind
 
@@ -216,6 +225,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             call_id=call.call_id, tool=call.name, ok=False, error=error, attempts=0
         )
         self._m["tool_errors"] += 1
+        self._record_result(result, Phase.PLAN)
         self.fx.journal(result)
 
     def _after_call(self, now: float) -> None:
@@ -290,6 +300,12 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         if self.deadline is not None and at >= self.deadline:
             return False
         self._m["retries"] += 1
+        self._record(
+            call_error(call.call_id, call.name, error, retried=True, attempt=call.attempt),
+            Phase.EXECUTE,
+            call_id=call.call_id,
+            retried=True,
+        )
         self.fx.emit(
             EventKind.TOOL_RETRY,
             Phase.EXECUTE,
@@ -342,6 +358,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         call.result = result
         if error is not None:
             self._m["tool_errors"] += 1
+            self._record_result(result, Phase.EXECUTE)
         self.fx.journal(result)
         self.fx.emit(
             EventKind.TOOL_FINISHED,

@@ -35,7 +35,9 @@ from steerable.protocol import (
     RunConfig,
     RunState,
     SteeringMode,
+    SubagentResult,
     SystemNote,
+    ToolResult,
     TranscriptEntry,
     Usage,
     UserMessage,
@@ -51,6 +53,7 @@ from .base import (
     Call,
     Stage,
     ToolLike,
+    call_error,
     cancelled,
 )
 from .effects import Effects, TimerKind
@@ -387,8 +390,31 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
 
     def record_error(self, error: AgentError) -> None:
         """Record an error that does not change the run's course (a hook that raised, R13)."""
+        self._record(error)
+
+    def _record(self, error: AgentError, phase: Phase | None = None, **event: Any) -> None:
+        """R6: every error is recorded on the run, in order, and is an `error` event."""
         self.errors.append(error)
-        self.fx.emit(EventKind.ERROR, None, {"code": error.code.value, "message": error.message})
+        self.fx.emit(
+            EventKind.ERROR, phase, {"code": error.code.value, "message": error.message, **event}
+        )
+
+    def _record_result(
+        self, result: ToolResult | SubagentResult, phase: Phase | None, *, silent: bool = False
+    ) -> None:
+        """Record the error of a call's result (if it failed), naming the call.
+
+        `silent`: on restore, which emits nothing (the error's event was the crashed run's).
+        """
+        error = result.error
+        if error is None:
+            return
+        tool = result.tool if isinstance(result, ToolResult) else result.agent
+        error = call_error(result.call_id, tool, error)
+        if silent:
+            self.errors.append(error)
+        else:
+            self._record(error, phase, call_id=result.call_id)
 
     def _on_user(self, msg: UserMessage, now: float) -> None:
         self._pending.append(msg)
@@ -517,10 +543,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         if self.state.is_terminal:
             return  # R8: terminal states are never overwritten
         if error is not None:
-            self.errors.append(error)
-            self.fx.emit(
-                EventKind.ERROR, None, {"code": error.code.value, "message": error.message}
-            )
+            self._record(error)
         for kind, key in RUN_TIMERS:
             self.fx.unschedule(kind, key)
         for call in self.plan:

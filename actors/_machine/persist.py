@@ -178,6 +178,13 @@ class PersistenceMixin(MachineBase):
         self.last_seq = snap.last_seq
         self._pending = list(snap.pending_messages)
         kept = arguments or {}
+        # R6: results journaled after the checkpoint bring their errors back (in step order:
+        # the journal keeps results, not the order they came in); errors found on restoring
+        # a call (arguments that no longer validate) come after them.
+        for pc in snap.plan:
+            result = stored.journal.get(pc.call_id)
+            if result is not None and pc.status is not CallStatus.DONE:
+                self._record_result(result, None, silent=True)  # restore does not act
         self.plan = [
             self._restored_call(pc, stored.journal.get(pc.call_id), kept.get(pc.call_id))
             for pc in snap.plan
@@ -267,9 +274,10 @@ class PersistenceMixin(MachineBase):
                 )
         if error is not None:
             call.status = CallStatus.DONE
-            call.result = ToolResult(
+            call.result = result = ToolResult(
                 call_id=call.call_id, tool=call.name, ok=False, error=error, attempts=call.attempt
             )
+            self._record_result(result, None, silent=True)
 
     def _fresh_call(self, pc: PlannedCall) -> Call:
         tool = self.tools.get(pc.name) if pc.kind == "tool" else None

@@ -75,6 +75,10 @@ class StoppingMixin(MachineBase):
             self._terminate(RunState.ERROR, error)
             return
         self._m["retries"] += 1
+        retried = error.model_copy(
+            update={"details": {**error.details, "retried": True, "retry": self._model_retries}}
+        )
+        self.errors.append(retried)  # R6; its event says when the retry comes
         self.fx.emit(
             EventKind.ERROR,
             Phase.REASON,
