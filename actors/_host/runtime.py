@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pykka
@@ -49,7 +49,7 @@ from .cell import RunCell
 from .directory import RunDirectory, RunEntry
 from .events import EventLog
 from .handle import RunHandle
-from .jobs import Accept
+from .jobs import Accept, HookDrain
 from .runtrees import RunTree, build_tree, check_compatible, start_child
 from .supervisor import Begin, CancelNow, RunSupervisor
 
@@ -81,6 +81,7 @@ class Services:
     start_child: Callable[[RunSupervisor, ChildJob], None]
     cancel_child: Callable[[str, str], None]
     agents: frozenset[str]
+    hooks_draining: HookDrain = field(default_factory=HookDrain)
 
 
 def agent_name(agent: Agent) -> str:
@@ -108,7 +109,8 @@ class Runtime:
         max_abandoned: Abandoned (hung) worker threads tolerated before new calls are refused
             with `resource_exhausted`. Default 64.
         dispatcher_threads: Threads that run all supervisors. Default 1.
-        hook_timeout: Seconds a run waits for its hooks before giving up on them. Default 5.
+        hook_timeout: Seconds a run's hooks still pending at its end may take, after its
+            outcome is published, before they are given up. Default 5.
         thread_stack_size: If set, calls `threading.stack_size()` with it (process-global!)
             before starting threads. Default None: the process's setting is left alone.
         passivate: Runs waiting for a person give up their supervisor and are woken by
@@ -479,6 +481,8 @@ class Runtime:
                 with contextlib.suppress(pykka.ActorDeadError):
                     ref.stop(block=False)
         services = self.services
+        # Hooks still pending when a run ended run after its outcome: let them finish first.
+        services.hooks_draining.wait(deadline - self.clock.now())
         services.dispatcher.stop(timeout=max(0.1, deadline - self.clock.now()))
         services.timer.stop(timeout=max(0.1, deadline - self.clock.now()))
         left = services.pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
