@@ -122,6 +122,8 @@ else:
         plan,
     )
 
+EXAMPLES_SCALE = base.EXAMPLES_SCALE
+
 VOLATILE = ("retries", "tool_errors", "late_results_dropped")
 """Counters kept only in memory between checkpoints."""
 
@@ -384,7 +386,7 @@ class ResumeModel(base.RunMachineModel):
 
 
 ResumeModel.TestCase.settings = settings(
-    max_examples=800,
+    max_examples=800 * EXAMPLES_SCALE,
     stateful_step_count=40,
     deadline=None,
     report_multiple_bugs=False,
