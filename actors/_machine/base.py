@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from enum import Enum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from steerable.protocol import (
     AgentError,
@@ -28,11 +27,15 @@ from steerable.protocol import (
     ToolSpec,
     TranscriptEntry,
     Usage,
-    UserMessage,
     WaitingFor,
 )
 
 from .effects import Effects
+
+if TYPE_CHECKING:
+    from .inbox import Inbox
+    from .plan import PlanState
+from .stage import Stage
 
 __all__ = [
     "MODEL_KEY",
@@ -59,17 +62,6 @@ class ToolLike(Protocol):
     def spec(self) -> ToolSpec: ...
 
     def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]: ...
-
-
-class Stage(Enum):
-    """Where the loop stands (finer than RunState)."""
-
-    IDLE = 0
-    REASONING = 1
-    EXECUTING = 2
-    WAITING_USER = 3
-    CANCELLING = 4
-    DONE = 5
 
 
 class Call:
@@ -212,13 +204,9 @@ class MachineBase:
     _model_in_flight: bool
     _model_discarded: bool
     _reason_started: float
-    _exec_started: float
 
-    last_seq: int
-    _pending: list[HostMessage]
-    plan: list[Call]
-    _running: int
-    _interrupting: bool
+    _inbox: Inbox
+    _plan: PlanState
     _cancel_reason: str | None
     deadline: float | None
 
@@ -229,11 +217,13 @@ class MachineBase:
     _deadline_left: float | None
     _parked_revision: int
     _holding: bool
-    _unseen: tuple[UserMessage, ...]
     _fork_waits: bool
     _deadline_passed: bool
 
     # Loop methods the other parts call (defined in `_machine.py`).
+    def _enter(self, stage: Stage) -> None:
+        raise NotImplementedError
+
     def _boundary(self, now: float) -> None:
         raise NotImplementedError
 
@@ -277,9 +267,19 @@ class MachineBase:
         raise NotImplementedError
 
     @property
+    def last_seq(self) -> int:
+        """The highest host-message seq the run has accepted."""
+        return self._inbox.last_seq
+
+    @property
+    def plan(self) -> list[Call]:
+        """The calls of the current plan, in step order (empty between plans)."""
+        return self._plan.calls
+
+    @property
     def in_flight(self) -> bool:
         """Whether a model call or a tool call is under way."""
-        return self._model_in_flight or self._running > 0
+        return self._stage is not Stage.DONE and (self._model_in_flight or self._plan.running > 0)
 
     def _note(self, text: str, **data: Any) -> None:
         raise NotImplementedError

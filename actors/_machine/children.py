@@ -208,8 +208,6 @@ class ChildrenMixin(MachineBase):
     def _record_child(
         self, call: Call, result: SubagentResult, now: float, *, advance: bool = True
     ) -> None:
-        if call.status is CallStatus.RUNNING:
-            self._running -= 1
         call.status = CallStatus.DONE
         call.result = result
         self._record_result(result, Phase.EXECUTE)

@@ -32,13 +32,13 @@ from .base import (
     PLAN_KEY,
     Call,
     MachineBase,
-    Stage,
     call_error,
     cancelled,
     jitter_unit,
 )
 from .children import ChildrenMixin
 from .effects import CallJob, TimerKind
+from .stage import Stage
 
 __all__ = ["ExecutionMixin"]
 
@@ -50,7 +50,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
 
     def pending_approvals(self) -> list[Call]:
         """Calls of the current plan waiting for a person."""
-        return [c for c in self.plan if c.status is CallStatus.AWAITING_APPROVAL]
+        return self._plan.pending_approvals()
 
     def _interrupt(self, now: float) -> None:
         if self._model_in_flight and not self._model_discarded:
@@ -59,8 +59,8 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             self.fx.schedule(
                 TimerKind.GRACE, MODEL_KEY, self.model_calls, now + self.config.cancel_grace
             )
-        elif self._stage is Stage.EXECUTING and not self._interrupting:
-            self._interrupting = True
+        elif self._stage is Stage.EXECUTING and not self._plan.interrupting:
+            self._plan.interrupt()
             for call in self.plan:
                 unstarted = call.status in (CallStatus.PENDING, CallStatus.AWAITING_APPROVAL)
                 if unstarted or call.retry_pending:
@@ -68,7 +68,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 elif call.status is CallStatus.RUNNING:
                     call.cancel_reason = "interrupt"
                     self.fx.cancel_work(call.call_id, "interrupt")
-            if self._running:
+            if self._plan.running:
                 self.fx.schedule(TimerKind.GRACE, PLAN_KEY, 0, now + self.config.cancel_grace)
             if self.state is RunState.WAITING and not self.pending_approvals():
                 # The approvals it waited for were cancelled with the plan.
@@ -139,8 +139,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             # Children cannot get a share of a budget that is used up: no half-run plans.
             self._exhaust(short, getattr(self.config, short), planned_children=children)
             return
-        self.plan = calls
-        self._interrupting = False
+        self._plan.begin(calls, now)
         approvals = [c for c in calls if c.status is CallStatus.AWAITING_APPROVAL]
         self.fx.emit(
             EventKind.PLANNING_FINISHED,
@@ -148,8 +147,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             {"calls": [c.call_id for c in calls], "approvals": len(approvals)},
         )
         self._checkpoint()
-        self._stage = Stage.EXECUTING
-        self._exec_started = now
+        self._enter(Stage.EXECUTING)
         self.fx.emit(EventKind.EXECUTE_STARTED, Phase.EXECUTE, {"calls": len(calls)})
         for call in approvals:
             self.fx.emit(
@@ -238,26 +236,28 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         if self._stage is not Stage.EXECUTING:
             return
         limit = self.config.max_parallel_tools
-        if not self._interrupting and self._cancel_reason is None:
-            for call in self.plan:
-                if self._running >= limit:
+        plan = self._plan
+        if not plan.interrupting and self._cancel_reason is None:
+            running = plan.running
+            for call in plan.calls:
+                if running >= limit:
                     break
                 if call.status is CallStatus.PENDING and call.kind == "subagent":
                     call.status = CallStatus.RUNNING
-                    self._running += 1
+                    running += 1
                     call.first_dispatch = now
                     self._start_child(call, now)
                 elif call.status is CallStatus.PENDING:
                     call.status = CallStatus.RUNNING
-                    self._running += 1
+                    running += 1
                     if not call.counted:  # a re-dispatch after a crash is the same step
                         call.counted = True
                         self.steps += 1  # R27: a validated, approved execution is one tool step
                     call.first_dispatch = now
                     self._dispatch_attempt(call, now)
-        if self._running:
+        if plan.running:
             return
-        if all(c.status is CallStatus.DONE for c in self.plan):
+        if plan.all_done():
             self._plan_complete(now)
         elif self.state is RunState.WAITING and self._parked_revision != self.revision:
             # Only approvals are left: a safe boundary where the run waits for a person.
@@ -290,7 +290,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         spec = call.spec
         if not error.retryable or spec is None or spec.side_effect is SideEffect.WRITE:
             return False
-        if self._interrupting or self._cancel_reason is not None or call.cancel_reason:
+        if self._plan.interrupting or self._cancel_reason is not None or call.cancel_reason:
             return False
         retry = call.attempt  # the retry about to happen is number `attempt`
         policy = self.config.retry
@@ -332,7 +332,6 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         call.status = CallStatus.DONE
         call.retry_pending = False
         if previous is CallStatus.RUNNING:
-            self._running -= 1
             self.fx.unschedule(TimerKind.TOOL_TIMEOUT, call.call_id)
             self.fx.unschedule(TimerKind.TOOL_RETRY, call.call_id)
         elif (
@@ -414,22 +413,18 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         for call in self.plan:
             if call.result is not None:
                 self.transcript.append(call.result)
-        self._add_phase(Phase.EXECUTE, now - self._exec_started)
+        self._add_phase(Phase.EXECUTE, now - self._plan.exec_started)
         self.fx.emit(
             EventKind.EXECUTE_FINISHED,
             Phase.EXECUTE,
-            {"calls": len(self.plan), "interrupted": self._interrupting},
+            {"calls": len(self.plan), "interrupted": self._plan.interrupting},
         )
-        self.plan = []
-        self._interrupting = False
-        self._stage = Stage.IDLE
+        self._plan.clear()
+        self._enter(Stage.IDLE)
         if self.state is RunState.WAITING:
             self.waiting_for = None
             self._set_state(RunState.RUNNING)
         self._boundary(now)
 
     def _find(self, call_id: str) -> Call | None:
-        for call in self.plan:
-            if call.call_id == call_id:
-                return call
-        return None
+        return self._plan.find(call_id)

@@ -50,15 +50,16 @@ from .base import (
     MODEL_KEY,
     PLAN_KEY,
     RUN_KEY,
-    Call,
-    Stage,
     ToolLike,
     call_error,
     cancelled,
 )
 from .effects import Effects, TimerKind
 from .execute import ExecutionMixin
+from .inbox import Inbox
 from .persist import PersistenceMixin
+from .plan import PlanState
+from .stage import Stage, check_stage
 from .stopping import StoppingMixin
 
 __all__ = ["MODEL_KEY", "RunMachine", "ToolLike"]
@@ -110,7 +111,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         subagents: Names of the agents this run may start as subagents.
     """
 
-    def __init__(  # noqa: PLR0915 - one assignment per field of the run's state
+    def __init__(
         self,
         fx: Effects,
         *,
@@ -154,7 +155,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
 
         self.state = RunState.IDLE
         self.waiting_for: WaitingFor | None = None
-        self._stage = Stage.IDLE
+        self._stage = Stage.IDLE  # written by _enter only, checked against STAGE_TRANSITIONS
         self.transcript: list[TranscriptEntry] = []
         self.errors: list[AgentError] = []
         self.output: Any = None
@@ -169,13 +170,9 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self._model_in_flight = False
         self._model_discarded = False
         self._reason_started = 0.0
-        self._exec_started = 0.0
 
-        self.last_seq = -1
-        self._pending: list[HostMessage] = []  # accepted, not yet applied, in seq order
-        self.plan: list[Call] = []
-        self._running = 0
-        self._interrupting = False
+        self._inbox = Inbox()  # seq order, exactly once, delivery at boundaries
+        self._plan = PlanState()  # the calls; how many run is derived from them
         self._cancel_reason: str | None = None
         self.deadline: float | None = None
 
@@ -192,7 +189,6 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self._deadline_left: float | None = None
         self._parked_revision = -2
         self._holding = False
-        self._unseen: tuple[UserMessage, ...] = ()
         self._fork_waits = False
         self._deadline_passed = False  # restored: a journaled result says the deadline fired
         self.subagents = frozenset(subagents)
@@ -240,9 +236,8 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
     def host(self, msg: HostMessage, now: float) -> None:
         """A host message accepted into the inbox (already stored if the store is durable)."""
         self._now = now
-        if msg.seq <= self.last_seq:
+        if not self._inbox.accept(msg.seq):
             return  # a duplicate wake-up of a message already applied (exactly once)
-        self.last_seq = msg.seq
         if self.state.is_terminal:
             return
         if isinstance(msg, CancelRequest):
@@ -289,7 +284,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             self._model_discarded = False
             self.fx.unschedule(TimerKind.GRACE, MODEL_KEY)
             self._note(f"model call {model_call} was interrupted by a user message")
-            self._stage = Stage.IDLE
+            self._enter(Stage.IDLE)
             self._boundary(now)
             return
         if error is not None or decision is None:
@@ -304,7 +299,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self._model_retries = 0
         self.decisions += 1
         self.transcript.append(DecisionEntry(model_call=model_call, decision=decision))
-        self._unseen = ()  # the agent has decided with them
+        self._inbox.answered()  # the agent has decided with them
         self.fx.emit(
             EventKind.REASONING_FINISHED,
             Phase.REASON,
@@ -385,7 +380,6 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             self.fx.cancel_work(key, "aborted")
             self.fx.abandon_work(key)
         self._model_in_flight = False
-        self._running = 0
         self._terminate(RunState.ERROR, error)
 
     def record_error(self, error: AgentError) -> None:
@@ -417,11 +411,11 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             self._record(error, phase, call_id=result.call_id)
 
     def _on_user(self, msg: UserMessage, now: float) -> None:
-        self._pending.append(msg)
+        self._inbox.queue(msg)
         self.fx.emit(EventKind.MESSAGE_ACCEPTED, None, {"seq": msg.seq, "mode": msg.mode.value})
         if self._stage is Stage.WAITING_USER:
             self.waiting_for = None
-            self._stage = Stage.IDLE
+            self._enter(Stage.IDLE)
             self._set_state(RunState.RUNNING)
             self._boundary(now)
         elif msg.mode is SteeringMode.INTERRUPT and self._stage is not Stage.CANCELLING:
@@ -430,7 +424,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
     def _on_finish(self, decision: Finish, verdict: str | None, now: float) -> None:
         if (
             verdict is None
-            and any(isinstance(m, UserMessage) for m in self._pending)
+            and self._inbox.has_user_messages()
             and self.model_calls < self.config.max_model_calls
         ):
             # A person spoke while the agent was concluding: the claim is made without their
@@ -443,15 +437,15 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         # R9: a rejected claim goes back to the agent; the loop goes on.
         self._note(f"finish rejected: {verdict}", reason=verdict)
         self.fx.emit(EventKind.FINISH_REJECTED, Phase.OBSERVE, {"reason": verdict})
-        self._stage = Stage.IDLE
+        self._enter(Stage.IDLE)
         self._boundary(now)
 
     def _on_ask(self, decision: AskUser, now: float) -> None:
-        if any(isinstance(m, UserMessage) for m in self._pending):
-            self._stage = Stage.IDLE
+        if self._inbox.has_user_messages():
+            self._enter(Stage.IDLE)
             self._boundary(now)
             return
-        self._stage = Stage.WAITING_USER
+        self._enter(Stage.WAITING_USER)
         self.waiting_for = WaitingFor.USER
         self._set_state(RunState.WAITING, question=decision.question)
         self._checkpoint()
@@ -464,9 +458,9 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         # `delivered` is what no decision has answered yet: messages delivered at earlier
         # boundaries whose model call timed out or was interrupted, or that a resume found
         # after the last decision, stay news to the agent.
-        delivered: list[UserMessage] = list(self._unseen)
-        while self._pending:
-            msg = self._pending.pop(0)
+        inbox = self._inbox
+        delivered: list[UserMessage] = list(inbox.unseen)
+        for msg in inbox.take():
             if isinstance(msg, UserMessage):
                 self.transcript.append(msg)
                 delivered.append(msg)
@@ -479,16 +473,16 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         if budget is not None and self.usage.total >= budget:
             self._exhaust("token_budget", budget)
             return
-        self._unseen = tuple(delivered)
+        inbox.delivered(tuple(delivered))
         self._checkpoint()
-        self._reason(now, self._unseen)
+        self._reason(now, inbox.unseen)
 
     def _reason(self, now: float, delivered: tuple[UserMessage, ...] = ()) -> None:
         if self.model_calls >= self.config.max_model_calls:
             self._exhaust("max_model_calls", self.config.max_model_calls)
             return
         self.model_calls += 1
-        self._stage = Stage.REASONING
+        self._enter(Stage.REASONING)
         self._model_in_flight = True
         self._reason_started = now
         deadline = now + self.config.model_timeout
@@ -550,7 +544,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             if call.status is CallStatus.RUNNING:
                 self.fx.unschedule(TimerKind.TOOL_TIMEOUT, call.call_id)
                 self.fx.unschedule(TimerKind.TOOL_RETRY, call.call_id)
-        self._stage = Stage.DONE
+        self._enter(Stage.DONE)
         self.waiting_for = None
         self._set_state(state)
         self._checkpoint()
@@ -561,6 +555,11 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             {"state": state.value, "error": None if error is None else error.code.value},
         )
         self.fx.settled(outcome)
+
+    def _enter(self, stage: Stage) -> None:
+        """The one writer of the stage: every move is checked against STAGE_TRANSITIONS."""
+        check_stage(self._stage, stage)
+        self._stage = stage
 
     def _set_state(self, state: RunState, **data: Any) -> None:
         if state is self.state:

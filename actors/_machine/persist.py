@@ -28,8 +28,9 @@ from steerable.protocol import (
 )
 from steerable.protocol._ids import idempotency_key
 
-from .base import RUN_KEY, Call, MachineBase, Stage, ToolLike, stopped_by_deadline
+from .base import RUN_KEY, Call, MachineBase, ToolLike, stopped_by_deadline
 from .effects import TimerKind
+from .stage import Stage
 
 SECRET_REF = "secret:sha256:"
 """How the codec stores a secret (R26); such an argument cannot be restored."""
@@ -99,6 +100,7 @@ class PersistenceMixin(MachineBase):
         """The run's state as a `RunSnapshot` body (JSON shape), built without validation."""
         waiting = self.waiting_for
         usage = self.usage
+        inbox = self._inbox
         # str(StrEnum) is the value, and far cheaper than `.value` on this hot path.
         return {
             **self._static_fields(),
@@ -112,10 +114,10 @@ class PersistenceMixin(MachineBase):
             "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
             "decisions": self.decisions,
             "transcript_len": len(self.transcript),
-            "last_seq": self.last_seq,
-            "delivered_seq": self.last_seq - len(self._pending),
-            "pending_messages": [m.model_dump(mode="json") for m in self._pending]
-            if self._pending
+            "last_seq": inbox.last_seq,
+            "delivered_seq": inbox.delivered_seq,
+            "pending_messages": [m.model_dump(mode="json") for m in inbox.pending]
+            if inbox.pending
             else [],
             "plan": [c.snapshot() for c in self.plan],
             "errors": [e.model_dump(mode="json") for e in self.errors] if self.errors else [],
@@ -161,7 +163,7 @@ class PersistenceMixin(MachineBase):
         self.forked_from = fork if fork is not None else snap.forked_from
         self._static_cache = None
         if fork is not None:
-            self.plan = [self._fresh_call(pc) for pc in snap.plan]
+            self._plan.restore([self._fresh_call(pc) for pc in snap.plan])
             # A fork of a run that waited for its user waits for its own answer.
             self._fork_waits = (
                 snap.state is RunState.WAITING
@@ -175,8 +177,7 @@ class PersistenceMixin(MachineBase):
         self.errors = list(snap.errors)
         self.output = snap.output
         self.revision = snap.revision
-        self.last_seq = snap.last_seq
-        self._pending = list(snap.pending_messages)
+        self._inbox.restore(snap.last_seq, list(snap.pending_messages))
         kept = arguments or {}
         # R6: results journaled after the checkpoint bring their errors back (in step order:
         # the journal keeps results, not the order they came in); errors found on restoring
@@ -185,10 +186,12 @@ class PersistenceMixin(MachineBase):
             result = stored.journal.get(pc.call_id)
             if result is not None and pc.status is not CallStatus.DONE:
                 self._record_result(result, None, silent=True)  # restore does not act
-        self.plan = [
-            self._restored_call(pc, stored.journal.get(pc.call_id), kept.get(pc.call_id))
-            for pc in snap.plan
-        ]
+        self._plan.restore(
+            [
+                self._restored_call(pc, stored.journal.get(pc.call_id), kept.get(pc.call_id))
+                for pc in snap.plan
+            ]
+        )
         self._deadline_left = snap.deadline_left
         # The deadline's results are journaled before its terminal checkpoint: a crash
         # between the two leaves the run's end in the journal only (docs/durability.md).
@@ -368,14 +371,14 @@ class PersistenceMixin(MachineBase):
 
     def _resume_position(self, now: float, *, announce: bool) -> None:
         if self.plan:
-            self._stage = Stage.EXECUTING
-            self._exec_started = now
+            self._enter(Stage.EXECUTING)
+            self._plan.resumed(now)
             for call in self.plan:
                 self._settle_restored(call, now, announce=announce)
         elif self.state is RunState.WAITING and self.waiting_for is WaitingFor.USER:
-            self._stage = Stage.WAITING_USER
+            self._enter(Stage.WAITING_USER)
         else:
-            self._stage = Stage.IDLE
+            self._enter(Stage.IDLE)
         # Messages after the last decision were delivered but no decision answered them yet.
         unseen: list[UserMessage] = []
         for entry in reversed(self.transcript):
@@ -383,7 +386,7 @@ class PersistenceMixin(MachineBase):
                 break
             if isinstance(entry, UserMessage):
                 unseen.append(entry)
-        self._unseen = tuple(reversed(unseen))
+        self._inbox.delivered(tuple(reversed(unseen)))
         if self.revision < 0 and self._stage is not Stage.IDLE:
             # A fork's first revision holds its copied history before anything runs (and
             # before any write starts: write-ahead).
@@ -422,7 +425,6 @@ class PersistenceMixin(MachineBase):
         if spec is not None and spec.redispatch_safe:
             call.status = CallStatus.PENDING  # re-dispatched with the same key, same step
             return
-        self._running += 1  # _complete counts it back down
         if spec is None:
             error = AgentError.of(
                 ErrorCode.UNKNOWN_TOOL,

@@ -17,11 +17,11 @@ from .base import (
     PLAN_KEY,
     RUN_KEY,
     MachineBase,
-    Stage,
     cancelled,
     jitter_unit,
 )
 from .effects import TimerKind
+from .stage import Stage
 
 __all__ = ["StoppingMixin"]
 
@@ -41,7 +41,7 @@ class StoppingMixin(MachineBase):
             elif call.status is CallStatus.RUNNING:
                 self.fx.cancel_work(call.call_id, reason)
         if self.in_flight:
-            self._stage = Stage.CANCELLING
+            self._enter(Stage.CANCELLING)
             self.fx.schedule(TimerKind.GRACE, RUN_KEY, 0, now + self.config.cancel_grace)
         else:
             self._finish_cancel(now, abandoned=[])
@@ -55,7 +55,7 @@ class StoppingMixin(MachineBase):
             self._model_discarded = False
             self._maybe_finish_cancel(now)  # a cancel is final: no retry, no new model call
             return
-        self._stage = Stage.IDLE
+        self._enter(Stage.IDLE)
         error = AgentError.of(
             ErrorCode.PROVIDER_TIMEOUT,
             f"decide took longer than {self.config.model_timeout}s",
@@ -133,10 +133,10 @@ class StoppingMixin(MachineBase):
             if self._stage is Stage.CANCELLING:
                 self._finish_cancel(now, abandoned=[MODEL_KEY])  # the model never answered
                 return
-            self._stage = Stage.IDLE
+            self._enter(Stage.IDLE)
             self._note(f"model call {self.model_calls} was interrupted by a user message")
             self._boundary(now)
-        elif key == PLAN_KEY and self._interrupting and self._stage is Stage.EXECUTING:
+        elif key == PLAN_KEY and self._plan.interrupting and self._stage is Stage.EXECUTING:
             for call in self.plan:
                 if call.status is CallStatus.RUNNING:
                     self.fx.unschedule(TimerKind.TOOL_TIMEOUT, call.call_id)
