@@ -34,6 +34,7 @@ from .effects import Effects
 
 if TYPE_CHECKING:
     from .inbox import Inbox
+    from .meter import Meter
     from .plan import PlanState
 from .stage import Stage
 
@@ -196,11 +197,7 @@ class MachineBase:
     revision: int
     _checkpointed_len: int
 
-    model_calls: int
-    steps: int
-    decisions: int
-    usage: Usage
-    _model_retries: int
+    _meter: Meter
     _model_in_flight: bool
     _model_discarded: bool
     _reason_started: float
@@ -210,10 +207,6 @@ class MachineBase:
     _cancel_reason: str | None
     deadline: float | None
 
-    _m: dict[str, Any]
-    _phase_seconds: dict[str, float]
-    _started_at: float
-    _now: float
     _deadline_left: float | None
     _parked_revision: int
     _holding: bool
@@ -265,6 +258,26 @@ class MachineBase:
 
     def _find(self, call_id: str) -> Call | None:
         raise NotImplementedError
+
+    @property
+    def steps(self) -> int:
+        """Tool steps used (R27), children's included."""
+        return self._meter.steps
+
+    @property
+    def model_calls(self) -> int:
+        """Model calls started, children's included."""
+        return self._meter.model_calls
+
+    @property
+    def decisions(self) -> int:
+        """Decisions recorded."""
+        return self._meter.decisions
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens used, children's included."""
+        return self._meter.usage
 
     @property
     def last_seq(self) -> int:

@@ -20,7 +20,6 @@ from steerable.protocol import (
     RunState,
     SubagentCall,
     SubagentResult,
-    Usage,
 )
 
 from .base import Call, MachineBase
@@ -157,7 +156,7 @@ class ChildrenMixin(MachineBase):
 
     def child_done(self, call_id: str, outcome: RunOutcome, now: float) -> None:
         """A child run reached its terminal state: its result enters the parent (R7)."""
-        self._now = now
+        self._meter.tick(now)
         call = self._find(call_id)
         if (
             self._stage_done()
@@ -165,16 +164,12 @@ class ChildrenMixin(MachineBase):
             or call.kind != "subagent"
             or call.status is not CallStatus.RUNNING
         ):
-            self._m["late_results_dropped"] += 1
+            self._meter.count("late_results_dropped")
             return
         metrics = outcome.metrics
         # Subagent usage counts toward the parent's budgets (docs/contract.md, "Budgets at
         # the edge").
-        self.steps += metrics.steps
-        self.model_calls += metrics.model_calls
-        self.usage = self.usage + Usage(
-            input_tokens=metrics.input_tokens, output_tokens=metrics.output_tokens
-        )
+        self._meter.roll_up(metrics)
         self._finish_child(call, outcome, now)
 
     def _finish_child(self, call: Call, outcome: RunOutcome, now: float) -> None:

@@ -222,7 +222,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         call.result = result = ToolResult(
             call_id=call.call_id, tool=call.name, ok=False, error=error, attempts=0
         )
-        self._m["tool_errors"] += 1
+        self._meter.count("tool_errors")
         self._record_result(result, Phase.PLAN)
         self.fx.journal(result)
 
@@ -252,7 +252,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                     running += 1
                     if not call.counted:  # a re-dispatch after a crash is the same step
                         call.counted = True
-                        self.steps += 1  # R27: a validated, approved execution is one tool step
+                        self._meter.step()  # R27: a validated, approved execution is one tool step
                     call.first_dispatch = now
                     self._dispatch_attempt(call, now)
         if plan.running:
@@ -299,7 +299,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         at = now + policy.delay(retry, jitter_unit(call.key, retry))
         if self.deadline is not None and at >= self.deadline:
             return False
-        self._m["retries"] += 1
+        self._meter.count("retries")
         self._record(
             call_error(call.call_id, call.name, error, retried=True, attempt=call.attempt),
             Phase.EXECUTE,
@@ -356,7 +356,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         )
         call.result = result
         if error is not None:
-            self._m["tool_errors"] += 1
+            self._meter.count("tool_errors")
             self._record_result(result, Phase.EXECUTE)
         self.fx.journal(result)
         self.fx.emit(

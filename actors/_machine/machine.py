@@ -39,7 +39,6 @@ from steerable.protocol import (
     SystemNote,
     ToolResult,
     TranscriptEntry,
-    Usage,
     UserMessage,
     WaitingFor,
 )
@@ -57,6 +56,7 @@ from .base import (
 from .effects import Effects, TimerKind
 from .execute import ExecutionMixin
 from .inbox import Inbox
+from .meter import Meter
 from .persist import PersistenceMixin
 from .plan import PlanState
 from .stage import Stage, check_stage
@@ -162,11 +162,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self.revision = -1
         self._checkpointed_len = 0
 
-        self.model_calls = 0
-        self.steps = 0
-        self.decisions = 0
-        self.usage = Usage()
-        self._model_retries = 0
+        self._meter = Meter()  # budgets, counters, phase seconds, the run's clock
         self._model_in_flight = False
         self._model_discarded = False
         self._reason_started = 0.0
@@ -176,16 +172,6 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self._cancel_reason: str | None = None
         self.deadline: float | None = None
 
-        self._m: dict[str, Any] = {
-            "retries": 0,
-            "tool_errors": 0,
-            "messages_delivered": 0,
-            "checkpoints": 0,
-            "late_results_dropped": 0,
-        }
-        self._phase_seconds: dict[str, float] = {}
-        self._started_at = 0.0
-        self._now = 0.0
         self._deadline_left: float | None = None
         self._parked_revision = -2
         self._holding = False
@@ -220,8 +206,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         """Begin the run: the first boundary, then the first model call."""
         if self.state is not RunState.IDLE:
             return
-        self._started_at = now
-        self._now = now
+        self._meter.start(now)
         if self.config.total_timeout is not None:
             self.deadline = now + self.config.total_timeout
             self.fx.schedule(TimerKind.RUN_DEADLINE, RUN_KEY, 0, self.deadline)
@@ -235,7 +220,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
 
     def host(self, msg: HostMessage, now: float) -> None:
         """A host message accepted into the inbox (already stored if the store is durable)."""
-        self._now = now
+        self._meter.tick(now)
         if not self._inbox.accept(msg.seq):
             return  # a duplicate wake-up of a message already applied (exactly once)
         if self.state.is_terminal:
@@ -266,15 +251,15 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             elapsed: Seconds the call took.
             now: Monotonic time.
         """
-        self._now = now
+        self._meter.tick(now)
         if self._stage is Stage.DONE or not self._model_in_flight or model_call != self.model_calls:
-            self._m["late_results_dropped"] += 1
+            self._meter.count("late_results_dropped")
             return
         self._model_in_flight = False
         self.fx.unschedule(TimerKind.MODEL_TIMEOUT, MODEL_KEY)
         self._add_phase(Phase.REASON, elapsed)
         if decision is not None and (decision.usage.input_tokens or decision.usage.output_tokens):
-            self.usage = self.usage + decision.usage
+            self._meter.add_usage(decision.usage)
         if self._stage is Stage.CANCELLING:
             self._maybe_finish_cancel(now)
             return
@@ -296,8 +281,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             )
             self._terminate(RunState.ERROR, err)
             return
-        self._model_retries = 0
-        self.decisions += 1
+        self._meter.decided()
         self.transcript.append(DecisionEntry(model_call=model_call, decision=decision))
         self._inbox.answered()  # the agent has decided with them
         self.fx.emit(
@@ -318,7 +302,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self, call_id: str, attempt: int, value: Any, error: AgentError | None, now: float
     ) -> None:
         """A worker finished attempt `attempt` of call `call_id` (value, or error)."""
-        self._now = now
+        self._meter.tick(now)
         call = self._find(call_id)
         if (
             self._stage is Stage.DONE
@@ -327,7 +311,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             or call.attempt != attempt
             or call.retry_pending  # this attempt already ended (timed out or failed)
         ):
-            self._m["late_results_dropped"] += 1
+            self._meter.count("late_results_dropped")
             return
         self.fx.unschedule(TimerKind.TOOL_TIMEOUT, call_id)
         reason = call.cancel_reason or self._cancel_reason
@@ -342,7 +326,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
 
     def timer(self, kind: TimerKind, key: str, attempt: int, now: float) -> None:
         """A timer fired."""
-        self._now = now
+        self._meter.tick(now)
         if self.state.is_terminal:
             return
         if kind is TimerKind.TOOL_TIMEOUT:
@@ -370,7 +354,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         `RunHandle.cancel` tells this ahead of cancelling the run's scope, so a tool that
         stops on the signal reports after it; the stored `CancelRequest` follows with its seq.
         """
-        self._now = now
+        self._meter.tick(now)
         if self._stage is not Stage.DONE:
             self._on_cancel(reason, now)
 
@@ -464,7 +448,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             if isinstance(msg, UserMessage):
                 self.transcript.append(msg)
                 delivered.append(msg)
-                self._m["messages_delivered"] += 1
+                self._meter.count("messages_delivered")
                 self.fx.emit(EventKind.MESSAGE_DELIVERED, Phase.OBSERVE, {"seq": msg.seq})
         if self.model_calls >= self.config.max_model_calls:
             self._exhaust("max_model_calls", self.config.max_model_calls)
@@ -481,7 +465,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         if self.model_calls >= self.config.max_model_calls:
             self._exhaust("max_model_calls", self.config.max_model_calls)
             return
-        self.model_calls += 1
+        self._meter.model_call()
         self._enter(Stage.REASONING)
         self._model_in_flight = True
         self._reason_started = now
@@ -497,7 +481,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         cfg = self.config
         seconds_left = None
         if self.deadline is not None:
-            seconds_left = max(0.0, self.deadline - (self._now if now is None else now))
+            seconds_left = max(0.0, self.deadline - (self._meter.now if now is None else now))
         budget = cfg.token_budget
         return RunView(
             run_id=self.run_id,
@@ -587,4 +571,4 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         return budget is not None and self.usage.total > budget
 
     def _add_phase(self, phase: Phase, seconds: float) -> None:
-        self._phase_seconds[phase.value] = self._phase_seconds.get(phase.value, 0.0) + seconds
+        self._meter.add_phase(phase, seconds)

@@ -22,7 +22,6 @@ from steerable.protocol import (
     StoredRun,
     SubagentResult,
     ToolResult,
-    Usage,
     UserMessage,
     WaitingFor,
 )
@@ -57,20 +56,11 @@ class PersistenceMixin(MachineBase):
         return RunMetrics(**self._metrics())
 
     def _metrics(self) -> dict[str, Any]:
-        # Plain data: the checkpoint path builds this twice per iteration (W4).
-        return {
-            "steps": self.steps,
-            "model_calls": self.model_calls,
-            "input_tokens": self.usage.input_tokens,
-            "output_tokens": self.usage.output_tokens,
-            "duration_seconds": max(0.0, self._now - self._started_at),
-            "phase_seconds": dict(self._phase_seconds),
-            **self._m,
-        }
+        return self._meter.fields()
 
     def _checkpoint(self) -> None:
         self.revision += 1
-        self._m["checkpoints"] += 1
+        self._meter.count("checkpoints")
         start = self._checkpointed_len
         entries = self.transcript[start:]
         self._checkpointed_len = len(self.transcript)
@@ -109,7 +99,7 @@ class PersistenceMixin(MachineBase):
             "state": str(self.state),
             "waiting_for": None if waiting is None else str(waiting),
             "model_calls": self.model_calls,
-            "model_retries": self._model_retries,
+            "model_retries": self._meter.model_retries,
             "steps": self.steps,
             "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
             "decisions": self.decisions,
@@ -124,7 +114,7 @@ class PersistenceMixin(MachineBase):
             "output": self.output,
             "metrics": self._metrics(),
             # Signed: an overdue deadline stays overdue on resume (its timer fires at once).
-            "deadline_left": None if self.deadline is None else self.deadline - self._now,
+            "deadline_left": None if self.deadline is None else self.deadline - self._meter.now,
             "updated_at": self.created_at,
         }
 
@@ -151,15 +141,7 @@ class PersistenceMixin(MachineBase):
         snap = stored.snapshot
         self.transcript = list(stored.transcript)
         self._checkpointed_len = 0 if fork is not None else len(self.transcript)
-        self.model_calls = snap.model_calls
-        self._model_retries = snap.model_retries
-        self.steps = snap.steps
-        self.decisions = snap.decisions
-        self.usage = snap.usage
-        metrics = snap.metrics
-        for key in self._m:
-            self._m[key] = getattr(metrics, key)
-        self._phase_seconds = dict(metrics.phase_seconds)
+        self._meter.restore(snap)
         self.forked_from = fork if fork is not None else snap.forked_from
         self._static_cache = None
         if fork is not None:
@@ -198,11 +180,7 @@ class PersistenceMixin(MachineBase):
         self._deadline_passed = any(stopped_by_deadline(c.result) for c in self.plan)
         self._count_children(stored)
         for metrics in (children or {}).values():
-            self.steps += metrics.steps
-            self.model_calls += metrics.model_calls
-            self.usage = self.usage + Usage(
-                input_tokens=metrics.input_tokens, output_tokens=metrics.output_tokens
-            )
+            self._meter.roll_up(metrics)
 
     def _count_children(self, stored: StoredRun) -> None:
         """Children already started count toward `max_children` after a restart too."""
@@ -243,7 +221,7 @@ class PersistenceMixin(MachineBase):
                 # It ran after the checkpoint (which predates its dispatch): charge its step.
                 call.counted = True
                 call.attempt = attempts
-                self.steps += 1
+                self._meter.step()
         elif kept is not None:
             call.arguments = kept
         elif tool is not None and call.status is not CallStatus.DONE:
@@ -314,8 +292,7 @@ class PersistenceMixin(MachineBase):
         A `wake` (the same process reviving a passivated run) announces nothing: the host's
         view of the run (events, pending approvals) never changed.
         """
-        self._started_at = now
-        self._now = now
+        self._meter.start(now)
         if self.state.is_terminal:
             self.fx.settled(self.outcome())
             return

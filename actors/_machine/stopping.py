@@ -67,24 +67,22 @@ class StoppingMixin(MachineBase):
             self._boundary(now)
             return
         policy = self.config.retry
-        self._model_retries += 1
-        at = now + policy.delay(self._model_retries, jitter_unit(self.run_id, self._model_retries))
-        if self._model_retries > policy.max_retries or (
-            self.deadline is not None and at >= self.deadline
-        ):
+        retry = self._meter.model_retry()
+        at = now + policy.delay(retry, jitter_unit(self.run_id, retry))
+        if retry > policy.max_retries or (self.deadline is not None and at >= self.deadline):
             self._terminate(RunState.ERROR, error)
             return
-        self._m["retries"] += 1
+        self._meter.count("retries")
         retried = error.model_copy(
-            update={"details": {**error.details, "retried": True, "retry": self._model_retries}}
+            update={"details": {**error.details, "retried": True, "retry": retry}}
         )
         self.errors.append(retried)  # R6; its event says when the retry comes
         self.fx.emit(
             EventKind.ERROR,
             Phase.REASON,
-            {"code": error.code.value, "retry": self._model_retries, "delay": at - now},
+            {"code": error.code.value, "retry": retry, "delay": at - now},
         )
-        self.fx.schedule(TimerKind.MODEL_RETRY, MODEL_KEY, self._model_retries, at)
+        self.fx.schedule(TimerKind.MODEL_RETRY, MODEL_KEY, retry, at)
 
     def _on_deadline(self, now: float) -> None:
         for key in self._work_in_flight():
