@@ -1,12 +1,14 @@
 """steerable.actors: everything that runs.
 
-The pykka actors (`RunSupervisor`, `ToolWorker`), the `Runtime` facade a host embeds, tools,
-stores and the CLI. Test helpers live in `steerable.actors.testing`.
+The pykka actors (`RunSupervisor`, `ChildRun` for subagents, `ToolWorker`), the `Runtime`
+facade a host embeds, tools, stores and the CLI. Test helpers live in `steerable.actors.testing`.
 """
 
 from ._engine.cancel import Cancelled, CancelScope
 from ._engine.clock import Clock, ManualClock, SystemClock
 from ._engine.pool import ToolWorker
+from ._host.agent import Agent
+from ._host.childrun import ChildRun
 from ._host.events import EventStream
 from ._host.handle import RunHandle
 from ._host.runtime import Runtime, RunTree
@@ -23,9 +25,11 @@ from ._tools.tool import (
 )
 
 __all__ = [
+    "Agent",
     "CancelScope",
     "Cancelled",
     "CheckpointStore",
+    "ChildRun",
     "Clock",
     "EventStream",
     "ManualClock",

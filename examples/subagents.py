@@ -9,7 +9,7 @@ tree (lead -> 2 foremen -> 3 diggers each, all digging) cancels every run of it 
 
 from __future__ import annotations
 
-from steerable.actors import RunHandle, Runtime, ToolContext, tool
+from steerable.actors import Agent, RunHandle, Runtime, ToolContext, tool
 from steerable.protocol import (
     Decision,
     ErrorCode,
@@ -141,7 +141,7 @@ def part2(rt: Runtime) -> None:
 
 
 def main() -> None:
-    agents = {"researcher": Researcher(), "fanout": Fanout()}
+    agents: dict[str, Agent] = {"researcher": Researcher(), "fanout": Fanout()}
     with Runtime(tools=[search, dig], agents=agents) as rt:
         part1(rt)
         part2(rt)

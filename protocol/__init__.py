@@ -18,6 +18,7 @@ from ._config import RetryPolicy, RunConfig, SteeringMode
 from ._decisions import AskUser, Decision, Finish, Plan, SubagentCall, ToolCall, Usage
 from ._errors import AgentError, ErrorCode, SteerableError
 from ._events import HOOK_EVENTS, EventKind, HookName, Phase, RunEvent
+from ._frozen import FrozenDict, FrozenList
 from ._ids import new_run_id, new_trace_id
 from ._messages import (
     ApprovalDecision,
@@ -34,7 +35,7 @@ from ._messages import (
 from ._outcome import RunMetrics, RunOutcome
 from ._state import RunState, WaitingFor
 from ._stored import StoredRun
-from ._view import Budgets, RunView, Transcript
+from ._view import Budgets, ModelCall, RunView, Transcript
 
 __all__ = [
     "HOOK_EVENTS",
@@ -55,8 +56,11 @@ __all__ = [
     "EventKind",
     "Finish",
     "ForkOrigin",
+    "FrozenDict",
+    "FrozenList",
     "HookName",
     "HostMessage",
+    "ModelCall",
     "Phase",
     "Plan",
     "PlannedCall",

@@ -43,7 +43,11 @@ class ToolSpec(Record):
         honors_idempotency_key: The tool deduplicates by `ctx.idempotency_key`, so a write
             may be re-dispatched after a crash with the same key.
         version: The tool author's version string, compared on resume.
-        json_schema: JSON schema of the arguments (for model adapters).
+        json_schema: JSON schema of the arguments, as pydantic gives it (its hash is part
+            of the capability snapshot).
+        argument_descriptions: Argument name -> description, from the docstring's `Args:`
+            section; model adapters merge them into the schema they send. Kept apart from
+            `json_schema` so that editing a docstring never blocks a resume.
     """
 
     name: str
@@ -54,6 +58,7 @@ class ToolSpec(Record):
     honors_idempotency_key: bool = False
     version: str = "1"
     json_schema: dict[str, Any] = Field(default_factory=dict)
+    argument_descriptions: dict[str, str] = Field(default_factory=dict)
 
     @property
     def schema_hash(self) -> str:

@@ -8,6 +8,9 @@ from pydantic import Field, model_validator
 
 from ._base import Record
 
+MAX_INT = 2**63 - 1
+"""The largest count a config field takes: the codec stores 64-bit integers."""
+
 __all__ = ["RetryPolicy", "RunConfig", "SteeringMode"]
 
 
@@ -72,17 +75,20 @@ class RunConfig(Record):
         max_depth: Deepest subagent nesting below this run (0: no subagents). Default 3.
         max_children: Subagents this run may start in all. Default 16.
         cancel_grace: Seconds a cancelled call gets to stop before it is abandoned. Default 1.0.
+
+    Counts are at most `2**63 - 1` (what a checkpoint stores) and seconds are not NaN; anything
+    else raises `pydantic.ValidationError` (a `ValueError`) here, not later in a store.
     """
 
-    max_steps: int = Field(default=50, ge=0)
-    max_model_calls: int = Field(default=50, ge=1)
+    max_steps: int = Field(default=50, ge=0, le=MAX_INT)
+    max_model_calls: int = Field(default=50, ge=1, le=MAX_INT)
     step_timeout: float = Field(default=60.0, gt=0)
     model_timeout: float = Field(default=120.0, gt=0)
     total_timeout: float | None = Field(default=None, gt=0)
-    token_budget: int | None = Field(default=None, ge=0)
+    token_budget: int | None = Field(default=None, ge=0, le=MAX_INT)
     max_parallel_tools: int = Field(default=8, ge=1, le=10_000)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     steering: SteeringMode = SteeringMode.QUEUE
-    max_depth: int = Field(default=3, ge=0)
-    max_children: int = Field(default=16, ge=0)
+    max_depth: int = Field(default=3, ge=0, le=MAX_INT)
+    max_children: int = Field(default=16, ge=0, le=MAX_INT)
     cancel_grace: float = Field(default=1.0, ge=0)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from ._base import Record
+from ._config import MAX_INT
+from ._frozen import FrozenAny, FrozenDict, FrozenMap
 
 __all__ = ["AskUser", "Decision", "Finish", "Plan", "PlanStep", "SubagentCall", "ToolCall", "Usage"]
 
@@ -14,8 +16,8 @@ __all__ = ["AskUser", "Decision", "Finish", "Plan", "PlanStep", "SubagentCall", 
 class Usage(Record):
     """Tokens one model call used. The token budget counts `input_tokens + output_tokens`."""
 
-    input_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=0, ge=0)
+    input_tokens: int = Field(default=0, ge=0, le=MAX_INT)
+    output_tokens: int = Field(default=0, ge=0, le=MAX_INT)
 
     @property
     def total(self) -> int:
@@ -30,11 +32,21 @@ class Usage(Record):
 
 
 class ToolCall(Record):
-    """One step of a plan: call tool `name` with `arguments` (validated by the tool)."""
+    """One step of a plan: call tool `name` with `arguments` (validated by the tool).
+
+    Attributes:
+        name: The tool to call.
+        arguments: Argument name -> value.
+        id: The call id: the model's own (a provider's tool-call id) or None to let the
+            runtime assign one. The decision entry in the transcript always records the id
+            the call ran under, which is also its results' `call_id`, so a transcript maps
+            back to a provider's message list exactly (docs/models.md).
+    """
 
     kind: Literal["tool"] = "tool"
     name: str
-    arguments: dict[str, Any] = Field(default_factory=dict)
+    arguments: FrozenMap = Field(default_factory=FrozenDict)
+    id: str | None = Field(default=None, min_length=1, max_length=128)
 
 
 class SubagentCall(Record):
@@ -46,13 +58,15 @@ class SubagentCall(Record):
         max_steps: Tool steps reserved for the child from the parent's budget (None: an
             equal share of what is left).
         max_model_calls: Model calls reserved for the child (None: an equal share).
+        id: The call id, as for `ToolCall.id`.
     """
 
     kind: Literal["subagent"] = "subagent"
     agent: str
     task: str
-    max_steps: int | None = Field(default=None, ge=0)
-    max_model_calls: int | None = Field(default=None, ge=1)
+    max_steps: int | None = Field(default=None, ge=0, le=MAX_INT)
+    max_model_calls: int | None = Field(default=None, ge=1, le=MAX_INT)
+    id: str | None = Field(default=None, min_length=1, max_length=128)
 
 
 PlanStep = Annotated[ToolCall | SubagentCall, Field(discriminator="kind")]
@@ -74,7 +88,7 @@ class Finish(Record):
     """A claim of completion, checked by the run's `accept` callable (R9)."""
 
     kind: Literal["finish"] = "finish"
-    output: Any = None
+    output: FrozenAny = None
     usage: Usage = Field(default_factory=Usage)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from ._base import Record
+from ._frozen import FrozenDict, FrozenMap
 
 __all__ = ["DEFAULT_RETRYABLE", "AgentError", "ErrorCode", "SteerableError"]
 
@@ -21,6 +22,8 @@ class ErrorCode(StrEnum):
     """A tool call or the whole run ran past its deadline."""
     PROVIDER_TIMEOUT = "provider_timeout"
     """The agent's `decide` (the model call) ran past `model_timeout`."""
+    PROVIDER_ERROR = "provider_error"
+    """A model provider refused or failed a model call (HTTP status, connection, overflow)."""
     CANCELLED = "cancelled"
     """The work was cancelled (by the host, an interrupting message, or a parent run)."""
     APPROVAL_DENIED = "approval_denied"
@@ -61,6 +64,7 @@ DEFAULT_RETRYABLE: dict[ErrorCode, bool] = {
     ErrorCode.HANDLER_ERROR: False,
     ErrorCode.TIMEOUT: False,
     ErrorCode.PROVIDER_TIMEOUT: True,
+    ErrorCode.PROVIDER_ERROR: False,
     ErrorCode.CANCELLED: False,
     ErrorCode.APPROVAL_DENIED: False,
     ErrorCode.CAPABILITY_MISMATCH: False,
@@ -95,7 +99,7 @@ class AgentError(Record):
     code: ErrorCode
     message: str
     retryable: bool = False
-    details: dict[str, Any] = Field(default_factory=dict)
+    details: FrozenMap = Field(default_factory=FrozenDict)
 
     @classmethod
     def of(

@@ -66,6 +66,11 @@ class EventKind(StrEnum):
     ERROR = "error"
     SUBAGENT_STARTED = "subagent_started"
     SUBAGENT_FINISHED = "subagent_finished"
+    MODEL_DELTA = "model_delta"
+    """Live only (never stored): a piece of a streaming model call's text or tool calls."""
+    CUSTOM = "custom"
+    """An event of the tool's or agent's own (`ctx.emit`, `view.call.event`): `name`, `data`,
+    and `live` (True: for live readers only; False: kept with the run's stored events)."""
 
 
 HOOK_EVENTS: dict[EventKind, HookName] = {

@@ -7,7 +7,7 @@ the inbox, the transcript, the checkpoint and replay (docs/pykka.md T13).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 from ._base import Record
+from ._frozen import FrozenAny, FrozenDict, FrozenMap
 
 
 class UserMessage(Record):
@@ -74,7 +75,7 @@ class ToolResult(Record):
     call_id: str
     tool: str
     ok: bool
-    value: Any = None
+    value: FrozenAny = None
     error: AgentError | None = None
     attempts: int = 1
     duration: float = 0.0
@@ -90,7 +91,7 @@ class SubagentResult(Record):
     child_run_id: str
     state: RunState
     ok: bool
-    output: Any = None
+    output: FrozenAny = None
     error: AgentError | None = None
     child_revision: int = -1
     """The child's final revision (its checkpoint at this result); -1 if the child never
@@ -110,7 +111,7 @@ class SystemNote(Record):
 
     kind: Literal["system"] = "system"
     text: str
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: FrozenMap = Field(default_factory=FrozenDict)
 
 
 TranscriptEntry = Annotated[
@@ -125,5 +126,5 @@ class ApprovalRequest(Record):
 
     call_id: str
     tool: str
-    arguments: dict[str, Any] = Field(default_factory=dict)
+    arguments: FrozenMap = Field(default_factory=FrozenDict)
     run_id: str = ""

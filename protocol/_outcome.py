@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
 from ._base import Record
 from ._errors import AgentError
+from ._frozen import FrozenAny
 from ._state import RunState
 
 __all__ = ["RunMetrics", "RunOutcome"]
@@ -58,7 +57,7 @@ class RunOutcome(Record):
 
     run_id: str
     state: RunState
-    output: Any = None
+    output: FrozenAny = None
     errors: tuple[AgentError, ...] = ()
     metrics: RunMetrics = Field(default_factory=RunMetrics)
     revision: int = 0

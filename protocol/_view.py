@@ -7,14 +7,57 @@ and a length, so building it is O(1) and later appends stay invisible to it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Any, Protocol, overload, runtime_checkable
 
+from ._capabilities import ToolSpec
 from ._decisions import Usage
 from ._messages import SubagentResult, ToolResult, TranscriptEntry, UserMessage
 
-__all__ = ["Budgets", "RunView", "Transcript"]
+__all__ = ["Budgets", "ModelCall", "RunView", "Transcript"]
+
+
+@runtime_checkable
+class ModelCall(Protocol):
+    """The model call a `decide` is answering: its number, cancel signal and live events.
+
+    The runtime hands one to every `decide` as `view.call`. `cancel()` of the run and an
+    interrupting `send()` signal it; an adapter aborts its HTTP request on the signal, and a
+    hand-written agent may poll `cancelled` or `wait()` (docs/models.md).
+    """
+
+    @property
+    def number(self) -> int:
+        """The model call number (from 1), as `DecisionEntry.model_call` records it."""
+        ...
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the call was cancelled (run cancelled, interrupted, or timed out)."""
+        ...
+
+    @property
+    def reason(self) -> str | None:
+        """Why it was cancelled, or None."""
+        ...
+
+    def on_cancel(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call `callback(reason)` once on cancellation (at once if already); returns unregister."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block up to `timeout` seconds, waking at once on cancellation; True if cancelled."""
+        ...
+
+    def emit(self, data: dict[str, Any]) -> None:
+        """Publish a live-only `model_delta` event (never stored), in order with the run's."""
+        ...
+
+    def event(self, name: str, data: Any = None, *, live: bool = True) -> None:
+        """Publish an event of the agent's own (kind `custom`, with this call's number); live
+        only unless `live=False`. A no-op once the call is cancelled or over."""
+        ...
 
 
 class Transcript(Sequence[TranscriptEntry]):
@@ -86,6 +129,10 @@ class RunView:
         parent_run_id: The parent run of a subagent.
         session_id: The host's session id, if given.
         task_id: The host's task id, if given.
+        tools: The specs of the tools this run may call (name order).
+        subagents: The names of the agents this run may start as subagents (sorted).
+        call: The model call being answered: cancel signal and live events (set by the
+            runtime; None when a view is built outside a run).
     """
 
     run_id: str
@@ -100,6 +147,9 @@ class RunView:
     parent_run_id: str | None = None
     session_id: str | None = None
     task_id: str | None = None
+    tools: tuple[ToolSpec, ...] = ()
+    subagents: tuple[str, ...] = ()
+    call: ModelCall | None = None
 
     @property
     def last_results(self) -> list[ToolResult | SubagentResult]:

@@ -1,7 +1,8 @@
 """The msgpack codec of steerable's persisted records (R24, R26).
 
 `encode`/`decode` turn protocol records into versioned envelopes and back; `register_migration`
-adds a migration from an older format; `redact` replaces secrets by references. See
+adds a migration from an older format; `redact` replaces secrets by references;
+`check_storable` says whether a value can be stored at all. See
 docs/checkpoint-format.md.
 """
 
@@ -9,6 +10,9 @@ from ._codec import (
     FORMAT_HISTORY,
     FORMAT_VERSION,
     MAX_MESSAGE_BYTES,
+    MAX_VALUE_BYTES,
+    MAX_VALUE_DEPTH,
+    check_storable,
     decode,
     decode_body,
     encode,
@@ -21,6 +25,9 @@ __all__ = [
     "FORMAT_HISTORY",
     "FORMAT_VERSION",
     "MAX_MESSAGE_BYTES",
+    "MAX_VALUE_BYTES",
+    "MAX_VALUE_DEPTH",
+    "check_storable",
     "decode",
     "decode_body",
     "encode",

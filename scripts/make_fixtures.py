@@ -85,8 +85,12 @@ def build_entries() -> tuple[TranscriptEntry, ...]:
             model_call=1,
             decision=Plan(
                 steps=(
-                    ToolCall(name="search", arguments={"query": "flights LIS", "limit": 3}),
-                    SubagentCall(agent="summarizer", task="Summarise the fares", max_steps=5),
+                    ToolCall(
+                        name="search", arguments={"query": "flights LIS", "limit": 3}, id="c1.0"
+                    ),
+                    SubagentCall(
+                        agent="summarizer", task="Summarise the fares", max_steps=5, id="c1.1"
+                    ),
                 ),
                 usage=usage,
                 thought="search, then summarise",
@@ -122,11 +126,13 @@ def build_entries() -> tuple[TranscriptEntry, ...]:
             model_call=4,
             decision=Plan(
                 steps=(
-                    ToolCall(name="write_file", arguments={"path": "out.md", "text": "F1"}),
-                    ToolCall(name="charge", arguments={"amount_cents": 9950}),
-                    ToolCall(name="search", arguments={"query": "direct LIS"}),
-                    ToolCall(name="search", arguments={"query": "direct LIS friday"}),
-                    SubagentCall(agent="summarizer", task="Summarise direct fares"),
+                    ToolCall(
+                        name="write_file", arguments={"path": "out.md", "text": "F1"}, id="c4.0"
+                    ),
+                    ToolCall(name="charge", arguments={"amount_cents": 9950}, id="c4.1"),
+                    ToolCall(name="search", arguments={"query": "direct LIS"}, id="c4.2"),
+                    ToolCall(name="search", arguments={"query": "direct LIS friday"}, id="c4.3"),
+                    SubagentCall(agent="summarizer", task="Summarise direct fares", id="c4.4"),
                 ),
                 usage=usage,
             ),

@@ -112,7 +112,7 @@ def test_body_is_the_json_mode_shape_tuples_as_arrays_enums_as_strings() -> None
         "model_call": 1,
         "decision": {
             "kind": "plan",
-            "steps": [{"kind": "tool", "name": "t", "arguments": {}}],
+            "steps": [{"kind": "tool", "name": "t", "arguments": {}, "id": None}],
             "usage": {"input_tokens": 0, "output_tokens": 0},
             "thought": "",
         },

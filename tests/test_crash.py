@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -75,6 +76,7 @@ def run_driver(
     with open(work / "driver.log", "a", encoding="utf-8") as log:
         log.write(f"--- {mode} kill={kill} delay={delay}\n")
         log.flush()
+        ready_r, ready_w = os.pipe()
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -91,7 +93,14 @@ def run_driver(
             ],
             stdout=log,
             stderr=log,
+            pass_fds=(ready_w,),
+            env={**os.environ, "STEERABLE_READY_FD": str(ready_w)},
         )
+        os.close(ready_w)
+        # The kill delay counts from the driver's "ready" byte (or its exit: EOF), so a slow
+        # interpreter start on a loaded machine does not eat the window.
+        with os.fdopen(ready_r, "rb") as ready:
+            select.select([ready], [], [], PROCESS_WAIT)
         try:
             proc.wait(PROCESS_WAIT if delay is None else delay)
         except subprocess.TimeoutExpired:

@@ -26,7 +26,22 @@ TIMEOUT = 60.0  # seconds: a fail-instead-of-hang guard; each example takes well
 MARKERS: dict[str, list[str]] = {
     "quickstart.py": ["run 1: finished", "run 2: cancelled", "quickstart ok"],
     "demo.py": [f"[x] {feature}" for feature in FEATURES],
+    "chat_agent.py": [
+        "model: the fake OpenAI server at http://127.0.0.1:",
+        "tool get_weather started",
+        "host: steered the run while get_weather ran",
+        "tool get_weather finished: ok",
+        "approval: book_table {'restaurant': 'Taberna', 'time': '20:00'} -> approved",
+        "tool book_table finished: ok",
+        "streamed: Checking the weather.",
+        "final: finished: Lisbon is sunny (21 C) and your table at Taberna is booked for 20:00.",
+        "tokens: 30 in, 15 out",
+        "the model saw the steering message as a user turn after the tool result",
+        "chat_agent ok",
+    ],
 }
+# Examples that talk to a model use the loopback fake server unless these are set.
+_MODEL_ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
 
 # The demo's story, in order: what a reader must see, after normalising times and run ids.
 DEMO_STORY = [
@@ -68,7 +83,7 @@ DEMO_STORY = [
 
 
 def _run(*args: str, db: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in _MODEL_ENV}
     if db is not None:
         env["STEERABLE_DB"] = str(db)
     return subprocess.run(

@@ -153,3 +153,80 @@ def test_the_checker_sees_a_wrong_edge(tmp_path: Path) -> None:
         "line 4: _machine -> _stores (steerable.actors._stores.store)",
         "line 5: bare actors._engine.mux (import steerable.actors...)",
     ]
+
+
+# --------------------------------------------------------------------------- the host side
+
+HOST = f"{PACKAGE}._host"
+FACADE = f"{HOST}.runtime"
+
+
+def _host_graph() -> dict[str, set[str]]:
+    """_host module -> the _host modules it imports (lazy and TYPE_CHECKING ones too)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((ACTORS_DIR / "_host").glob("*.py")):
+        name = _module_name(path)
+        graph[name] = {
+            target
+            for _, target in _imports(path)
+            if target.startswith(HOST + ".") and target != name
+        }
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of more than one module (or a module importing itself)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm; the graph is a few dozen nodes
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph.get(node, ())):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph.get(node, ()):
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_host_side_has_no_import_cycle() -> None:
+    """Handles talk to a port, supervisors to a host protocol: no module closes a loop."""
+    graph = _host_graph()
+    assert FACADE in graph  # the graph is really read
+    assert len(graph) > 5
+    assert _cycles(graph) == []
+
+
+def test_nothing_but_the_package_and_the_cli_imports_the_runtime_facade() -> None:
+    importers = sorted(
+        str(path.relative_to(ACTORS_DIR))
+        for path in SOURCES
+        if any(target == FACADE for _, target in _imports(path))
+    )
+    assert all(p == "__init__.py" or p.startswith("_cli/") for p in importers), importers
+    assert "__init__.py" in importers
+
+
+def test_the_cycle_finder_sees_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
+    assert _cycles(graph) == [["a", "b", "c"], ["e"]]

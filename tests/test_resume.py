@@ -26,8 +26,10 @@ import msgpack
 import pytest
 
 from steerable.actors import Runtime, SqliteStore, Tool, ToolContext, tool
+from steerable.actors._engine.mux import Dispatcher, MuxActor
 from steerable.actors.testing import Gate, ScriptedAgent, call, plan, wait_event, wait_state
 from steerable.protocol import (
+    ApprovalDecision,
     AskUser,
     Compatibility,
     ErrorCode,
@@ -402,6 +404,73 @@ def test_a_pending_approval_survives_an_in_process_restart(tmp_path: Path, appro
         assert seen.error.code is ErrorCode.APPROVAL_DENIED
 
 
+class Stall(MuxActor):
+    """Holds its dispatcher thread until released: no supervisor handles a message meanwhile."""
+
+    def __init__(
+        self, *, dispatcher: Dispatcher, entered: threading.Event, release: threading.Event
+    ) -> None:
+        super().__init__(dispatcher=dispatcher)
+        self.entered = entered
+        self.release = release
+
+    def on_receive(self, message: Any) -> Any:
+        self.entered.set()
+        self.release.wait(WAIT)  # a fail-instead-of-hang bound; the test sets it
+        return None
+
+
+@pytest.mark.parametrize("approved", [True, False])
+def test_pending_approvals_are_known_when_resume_returns(tmp_path: Path, approved: bool) -> None:
+    # Issue 10, defect 3: a host that resumes and approves at once (before the resumed run
+    # re-announces its approvals) must neither see [] nor lose the approval.
+    db = tmp_path / "runs.db"
+    recorder = Recorder()
+    agent = ScriptedAgent([Plan(steps=[ToolCall(name="pay", arguments={"q": "x"})])], name="a")
+    rt = Runtime(store=SqliteStore(db), tools=recorder.tools)
+    try:
+        handle = rt.start("t", agent=agent)
+        wait_event(handle, EventKind.APPROVAL_REQUESTED)
+        (request,) = handle.pending_approvals()
+    finally:
+        rt.shutdown(cancel_runs=False)
+    agent2 = ScriptedAgent([], then=Finish(output="ok"), name="a")
+    with Runtime(store=SqliteStore(db), tools=recorder.tools) as rt2:
+        # The only dispatcher thread is held, so the resumed supervisor handles nothing until
+        # the asserts below are done: what they see was filled in by resume() itself.
+        entered, release = threading.Event(), threading.Event()
+        stall = Stall.start(dispatcher=rt2.services.dispatcher, entered=entered, release=release)
+        try:
+            stall.tell("hold")
+            assert entered.wait(WAIT)
+            resumed = rt2.resume(handle.run_id, agent=agent2)
+            assert [(r.call_id, r.tool) for r in resumed.pending_approvals()] == [
+                (request.call_id, "pay")
+            ]
+            settled = (
+                resumed.approve(request.call_id)
+                if approved
+                else resumed.deny(request.call_id, reason="no")
+            )
+            assert settled is True
+            assert resumed.pending_approvals() == []
+            assert resumed.approve(request.call_id) is False  # settled already
+        finally:
+            release.set()
+            stall.stop()
+        outcome = resumed.result(timeout=WAIT)
+        assert resumed.pending_approvals() == []  # the re-announced request was not re-added
+    assert outcome.state is RunState.FINISHED
+    seen = results(agent2.views[0])[request.call_id]
+    if approved:
+        assert [c[:2] for c in recorder.calls] == [("pay", request.call_id)]  # once
+        assert seen.ok
+    else:
+        assert recorder.calls == []
+        assert seen.error is not None
+        assert seen.error.code is ErrorCode.APPROVAL_DENIED
+
+
 # --------------------------------------------------------------------------- compatibility
 
 
@@ -661,3 +730,41 @@ def test_a_newer_format_version_fails_loudly(tmp_path: Path) -> None:
         wait_state(handle, RunState.WAITING)
         handle.send("go")
         assert handle.result(timeout=WAIT).state is RunState.FINISHED
+
+
+def test_an_approval_stored_before_the_stop_is_not_pending_after_resume(tmp_path: Path) -> None:
+    # The decision was accepted (stored) but the run stopped before applying it: the resumed
+    # run applies it, so the table resume() fills must not offer the call again.
+    db = tmp_path / "runs.db"
+    recorder = Recorder()
+    agent = ScriptedAgent([Plan(steps=[ToolCall(name="pay", arguments={"q": "x"})])], name="a")
+    rt = Runtime(store=SqliteStore(db), tools=recorder.tools)
+    try:
+        handle = rt.start("t", agent=agent)
+        wait_event(handle, EventKind.APPROVAL_REQUESTED)
+        (request,) = handle.pending_approvals()
+    finally:
+        rt.shutdown(cancel_runs=False)
+    store = SqliteStore(db)
+    try:
+        store.append_message(
+            handle.run_id, ApprovalDecision(seq=0, call_id=request.call_id, approved=True)
+        )
+    finally:
+        store.close()
+    agent2 = ScriptedAgent([], then=Finish(output="ok"), name="a")
+    with Runtime(store=SqliteStore(db), tools=recorder.tools) as rt2:
+        entered, release = threading.Event(), threading.Event()
+        stall = Stall.start(dispatcher=rt2.services.dispatcher, entered=entered, release=release)
+        try:
+            stall.tell("hold")
+            assert entered.wait(WAIT)
+            resumed = rt2.resume(handle.run_id, agent=agent2)
+            assert resumed.pending_approvals() == []
+            assert resumed.approve(request.call_id) is False
+        finally:
+            release.set()
+            stall.stop()
+        outcome = resumed.result(timeout=WAIT)
+    assert outcome.state is RunState.FINISHED
+    assert [c[:2] for c in recorder.calls] == [("pay", request.call_id)]  # once

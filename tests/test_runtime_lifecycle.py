@@ -255,4 +255,4 @@ def test_plain_functions_are_auto_wrapped_as_tools() -> None:
 
 def test_start_rejects_an_agent_without_decide() -> None:
     with Runtime() as rt, pytest.raises(TypeError):
-        rt.start("t", agent=object())
+        rt.start("t", agent=object())  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ from steerable.protocol import (
     ErrorCode,
     EventKind,
     Finish,
+    RunConfig,
     RunState,
     RunView,
     ToolResult,
@@ -211,3 +212,125 @@ def test_a_secret_argument_of_a_call_approved_after_passivation_reaches_the_tool
     assert result.ok, result.error
     assert [type(s) for s in login.received] == [SecretStr]
     assert_no_clear_secret(database_bytes(path), "the database")
+
+
+# ------------------------------------------------------------ secrets nested, on every path
+
+
+class Vault(BaseModel):
+    user: str
+    token: SecretStr
+
+
+def _deposit_tools(calls: list[str]) -> list[Tool[Any, Any]]:
+    """`deposit` and its approval-gated twin: secrets inside a model, a dict and a list."""
+
+    def body(
+        vault: Vault, extra: dict[str, SecretStr], keys: list[SecretStr], note: str = ""
+    ) -> str:
+        calls.append(vault.user)
+        return "deposited"
+
+    return [
+        tool(name="deposit", side_effect="write")(body),
+        tool(name="deposit_gated", side_effect="write", requires_approval=True)(body),
+    ]
+
+
+def _deposit(name: str = "deposit", **overrides: Any) -> Any:
+    # JSON as a model adapter sends it: the secrets are plain strings, typed secret by the tool.
+    arguments: dict[str, Any] = {
+        "vault": {"user": "bob", "token": PASSWORD},
+        "extra": {"pin": PASSWORD},
+        "keys": [PASSWORD, "other-" + PASSWORD],
+    }
+    arguments.update(overrides)
+    return call(name, **arguments)
+
+
+def _host_approves(handle: Any) -> None:
+    (request,) = handle.pending_approvals()
+    assert handle.approve(request.call_id)
+
+
+def _host_denies(handle: Any) -> None:
+    (request,) = handle.pending_approvals()
+    assert handle.deny(request.call_id, "no")
+
+
+def _host_interrupts(handle: Any) -> None:
+    handle.send("stop that", mode="interrupt")
+
+
+PATHS: dict[str, tuple[list[Any], dict[str, Any], Any, int]] = {
+    # name: (plan steps, RunConfig fields, host action while waiting for approval, tool runs)
+    "accepted": ([_deposit()], {}, None, 1),
+    "invalid": ([_deposit(note=["not", "text"])], {}, None, 0),
+    "invalid-neighbour": ([_deposit(), _deposit(note=123)], {}, None, 1),
+    "over-budget": ([_deposit(), _deposit()], {"max_steps": 1}, None, 0),
+    "approved": ([_deposit("deposit_gated")], {}, _host_approves, 1),
+    "denied": ([_deposit("deposit_gated")], {}, _host_denies, 0),
+    "interrupted": ([_deposit("deposit_gated")], {}, _host_interrupts, 0),
+    # No tool declares these parameters secret: only secret objects can be recognised.
+    "unknown-tool": (
+        [
+            call(
+                "no_such_tool",
+                vault={"token": SecretStr(PASSWORD)},
+                keys=[SecretStr(PASSWORD)],
+                model=Vault(user="bob", token=SecretStr(PASSWORD)),
+            )
+        ],
+        {},
+        None,
+        0,
+    ),
+}
+
+
+@pytest.mark.parametrize("path_name", sorted(PATHS))
+def test_nested_secrets_are_never_recorded_in_clear_on_any_path(
+    tmp_path: Path,
+    logs: list[Any],
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+    path_name: str,
+) -> None:
+    from steerable.actors._cli.cli import main
+
+    steps, fields, host_action, runs = PATHS[path_name]
+    path = tmp_path / "runs.db"
+    calls: list[str] = []
+    agent = ScriptedAgent([plan(*steps)], then=Finish(output="done"))
+    with Runtime(store=SqliteStore(path), tools=_deposit_tools(calls)) as rt:
+        handle = rt.start("deposit", agent=agent, config=RunConfig(**fields))
+        if host_action is not None:
+            wait_event(handle, EventKind.APPROVAL_REQUESTED)
+            assert_no_clear_secret(repr(handle.pending_approvals()), "the approval request")
+            host_action(handle)
+        outcome = handle.result(timeout=WAIT)
+        events = list(handle.events(timeout=WAIT))
+        assert rt.store.flush(WAIT)
+        assert_no_clear_secret(database_bytes(path), "the database while open")
+        replay = rt.replay(handle.run_id)
+    assert len(calls) == runs
+    assert outcome.state in (RunState.FINISHED, RunState.EXHAUSTED)
+    if path_name == "over-budget":
+        assert outcome.state is RunState.EXHAUSTED
+    assert "secret:sha256:" in repr(replay.transcript[0])
+    for where, data in (
+        ("the database after close", database_bytes(path)),
+        ("the events", repr(events)),
+        ("the outcome", repr(outcome)),
+        ("the replayed transcript", repr(replay.transcript)),
+        ("the agent's views", repr([list(v.transcript) for v in agent.views])),
+        ("structlog output", repr(logs)),
+        ("stdlib logging output", caplog.text),
+    ):
+        assert_no_clear_secret(data, where)
+    for command in (["show"], ["replay"], ["revisions"]):
+        assert main([*command, "--db", str(path), handle.run_id]) == 0
+    assert main(["runs", "--db", str(path)]) == 0
+    printed = capsys.readouterr()
+    assert handle.run_id in printed.out
+    assert_no_clear_secret(printed.out + printed.err, "CLI output")

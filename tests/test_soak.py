@@ -219,7 +219,15 @@ class TracedHeap:
         self.retained_kb, self.peak_kb = retained // 1024, peak // 1024
 
 
-RUN_TYPES = {"RunCell", "RunEntry", "RunHandle", "RunMachine", "RunSupervisor", "EventLog"}
+RUN_TYPES = {
+    "RunCell",
+    "RunEntry",
+    "RunHandle",
+    "RunMachine",
+    "RunSupervisor",
+    "ChildRun",
+    "EventLog",
+}
 """What exists once per live run: none of them may outlive the run (and the host's handle)."""
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from steerable.actors import Runtime, ToolContext, tool
+from steerable.actors import Agent, Runtime, ToolContext, tool
 from steerable.actors.testing import Gate, ScriptedAgent, wait_event, wait_state
 from steerable.protocol import (
     AgentError,
@@ -287,7 +287,7 @@ def test_a_failed_an_exhausted_and_a_cancelled_child_give_subagent_failed_and_th
         then=lambda view: Finish(output=[r.ok for r in view.last_results]),
         name="lead",
     )
-    agents = {
+    agents: dict[str, Agent] = {
         "crasher": Crasher(),
         "spender": Spender(),
         "victim": Researcher("victim", tool_name="wait"),
@@ -474,3 +474,30 @@ def test_the_parent_records_each_childs_run_id_and_final_revision() -> None:
             assert result.child_revision == final.revision
             # The pair pins the child at the parent's revision: replay it read-only.
             assert rt.replay(result.child_run_id, result.child_revision).outcome is not None
+
+
+@tool(side_effect="none")
+def extra(q: str = "") -> str:
+    return f"extra {q}"
+
+
+def test_a_childs_capabilities_are_the_tools_it_really_has() -> None:
+    # Issue 10, defect 2: a parent started with per-run tools passes them to its children; the
+    # child's checkpoint must list those tools (a resume of the child checks that set), not
+    # only the runtime's.
+    lead = ScriptedAgent(
+        [Plan(steps=[SubagentCall(agent="researcher", task="a")])],
+        then=lambda view: Finish(output=outputs(view)),
+        name="lead",
+    )
+    researcher = Researcher(tool_name="extra")
+    with Runtime(tools=[echo], agents={"researcher": researcher}) as rt:
+        handle = rt.start("t", agent=lead, tools=[extra])
+        outcome = handle.result(timeout=WAIT)
+        assert outcome.state is RunState.FINISHED
+        assert outcome.output == ["a: extra "]  # the child called the parent's per-run tool
+        child_id = f"{handle.run_id}-c1.0"
+        parent_tools = rt.store.load(handle.run_id).snapshot.capabilities.tools
+        child_tools = rt.store.load(child_id).snapshot.capabilities.tools
+        assert sorted(child_tools) == ["echo", "extra"]
+        assert child_tools == parent_tools

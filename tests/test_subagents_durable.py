@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from steerable.actors import Runtime, SqliteStore, Tool, ToolContext, tool
+from steerable.actors import Agent, Runtime, SqliteStore, Tool, ToolContext, tool
 from steerable.actors.testing import Gate, ScriptedAgent, wait_event
 from steerable.protocol import (
     ErrorCode,
@@ -107,7 +107,7 @@ class World:
 
         self.tools: list[Tool[Any, Any]] = [look, echo]
         self.quick = Worker("quick", "echo")
-        self.agents = {
+        self.agents: dict[str, Agent] = {
             "quick": self.quick,
             "researcher": Worker("researcher", "look"),
             "manager": Manager(),
@@ -342,7 +342,7 @@ def interrupted_tree(db: Path, gate: Gate, **config: int) -> str:
         ],
         name="lead",
     )
-    agents = {"quick": quick, "researcher": Researcher()}
+    agents: dict[str, Agent] = {"quick": quick, "researcher": Researcher()}
     rt = Runtime(store=SqliteStore(db), tools=[gate.tool("wait")], agents=agents)
     try:
         root = rt.start("t", agent=lead, config=RunConfig(**config))
@@ -360,7 +360,10 @@ def test_a_child_that_finished_before_a_restart_still_counts_toward_the_parents_
 ) -> None:
     db = tmp_path / "runs.db"
     root_id = interrupted_tree(db, gate)
-    agents = {"quick": ScriptedAgent([], name="quick"), "researcher": Researcher()}
+    agents: dict[str, Agent] = {
+        "quick": ScriptedAgent([], name="quick"),
+        "researcher": Researcher(),
+    }
     with Runtime(store=SqliteStore(db), tools=[gate.tool("wait")], agents=agents) as rt:
         outcome = rt.resume(root_id, agent=finisher()).result(timeout=WAIT)
     assert outcome.state is RunState.FINISHED
@@ -377,7 +380,10 @@ def test_a_child_that_finished_before_a_restart_still_counts_toward_max_children
     lead = ScriptedAgent(
         [Plan(steps=[SubagentCall(agent="quick", task="one more")])], then=report, name="lead"
     )
-    agents = {"quick": ScriptedAgent([], name="quick"), "researcher": Researcher()}
+    agents: dict[str, Agent] = {
+        "quick": ScriptedAgent([], name="quick"),
+        "researcher": Researcher(),
+    }
     with Runtime(store=SqliteStore(db), tools=[gate.tool("wait")], agents=agents) as rt:
         outcome = rt.resume(root_id, agent=lead).result(timeout=WAIT)
         children = [s.run_id for s in rt.store.runs() if s.parent_run_id == root_id]

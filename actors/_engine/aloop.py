@@ -109,6 +109,10 @@ class AsyncRunner:
             loop.call_soon_threadsafe(self._create_task, handle, factory, on_done)
         return handle
 
+    def owns_thread(self, thread: threading.Thread) -> bool:
+        """Whether `thread` is this runner's event-loop thread."""
+        return thread is self._thread
+
     def shutdown(self, timeout: float = 5.0) -> list[str]:
         """Cancel the remaining tasks, stop the loop and join its thread, within `timeout` s.
 

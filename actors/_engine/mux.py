@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from pykka._actor import ActorInbox
     from pykka._envelope import Envelope
 
-__all__ = ["Dispatcher", "MuxActor", "collect_inline", "service_inline"]
+__all__ = ["Dispatcher", "MuxActor", "collect_inline", "service_inline", "tell_now"]
 
 _log = get_logger("steerable.mux")
 # The messages pykka itself logs for the same events go to pykka's logger, as they would for a
@@ -61,6 +61,23 @@ def service_inline(collected: list[_MuxInbox]) -> None:
         dispatcher = inbox.dispatcher
         assert dispatcher is not None
         dispatcher._service_guarded(inbox, -1)
+
+
+def tell_now(ref: pykka.ActorRef[Any], message: object) -> None:
+    """Tell `ref` now, even from a job whose tells are collected for after it (live events).
+
+    A job's tells normally wait until it ends (handoff elision); a message meant to be seen
+    while the job runs (a streaming delta) goes straight to a dispatcher thread instead.
+
+    Raises:
+        pykka.ActorDeadError: The actor is stopped.
+    """
+    saved = getattr(_inline, "inboxes", None)
+    _inline.inboxes = None
+    try:
+        ref.tell(message)
+    finally:
+        _inline.inboxes = saved
 
 
 class _MuxInbox:
@@ -177,6 +194,10 @@ class Dispatcher:
             ]
         for thread in self._threads:
             thread.start()
+
+    def owns_thread(self, thread: threading.Thread) -> bool:
+        """Whether `thread` is one of this dispatcher's threads."""
+        return thread in self._threads
 
     def stop(self, timeout: float | None = 5.0) -> None:
         """Stop every actor still alive, then the threads; waits up to `timeout` seconds in all.

@@ -369,6 +369,11 @@ class WorkerPool:
         """Whether abandoned workers still alive reached `max_abandoned` (T3 bulkhead)."""
         return self._abandoned_alive >= self._max_abandoned
 
+    def owns_thread(self, thread: threading.Thread) -> bool:
+        """Whether `thread` is one of this pool's workers (abandoned ones included)."""
+        with self._cond:
+            return any(slot.thread is thread for slot in self._slots)
+
     def shutdown(self, timeout: float = 5.0) -> list[str]:
         """Close the pool and stop its workers, waiting at most `timeout` seconds overall.
 

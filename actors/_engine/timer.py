@@ -113,6 +113,10 @@ class TimerService:
         self._unsubscribe = self._clock.subscribe(self._on_clock_jump)
         thread.start()
 
+    def owns_thread(self, thread: threading.Thread) -> bool:
+        """Whether `thread` is this service's timer thread."""
+        return thread is self._thread
+
     def stop(self, timeout: float | None = 5.0) -> None:
         """Stop the thread and join it (up to `timeout` seconds); pending timers are dropped.
 

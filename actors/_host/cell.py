@@ -65,6 +65,10 @@ class RunCell:
         self.stored = threading.Event()
         """Set once the store holds a revision of this run (durable `start()` waits for it)."""
         self._approvals: dict[str, ApprovalRequest] = {}
+        # Approved or denied by the host, not yet settled by the run: a resumed run announces
+        # its restored approvals again after resume() returned (and a host may already have
+        # answered them); that announcement must not bring them back.
+        self._answered: set[str] = set()
         self._approvals_open = True
 
     # --------------------------------------------------------------- host side
@@ -79,10 +83,20 @@ class RunCell:
             self.next_seq += 1
             return message
 
-    def claim_approval(self, call_id: str) -> bool:
-        """Take a pending approval out of the table; True for exactly one caller."""
+    def claim_approval(self, call_id: str) -> ApprovalRequest | None:
+        """Take a pending approval out of the table; the request for exactly one caller."""
         with self.lock:
-            return self._approvals.pop(call_id, None) is not None
+            request = self._approvals.pop(call_id, None)
+            if request is not None:
+                self._answered.add(call_id)
+            return request
+
+    def unclaim_approval(self, request: ApprovalRequest) -> None:
+        """Put back an approval whose decision could not be posted (it is still pending)."""
+        with self.lock:
+            self._answered.discard(request.call_id)
+            if self._approvals_open:
+                self._approvals.setdefault(request.call_id, request)
 
     def pending_approvals(self) -> list[ApprovalRequest]:
         """The calls waiting for a person, oldest first."""
@@ -92,20 +106,22 @@ class RunCell:
     # --------------------------------------------------------------- supervisor side
 
     def approval_requested(self, request: ApprovalRequest) -> None:
-        """A call is parked for approval."""
+        """A call is parked for approval (or announced again by a resumed run)."""
         with self.lock:
-            if self._approvals_open:
+            if self._approvals_open and request.call_id not in self._answered:
                 self._approvals[request.call_id] = request
 
     def approval_settled(self, call_id: str) -> None:
         """A parked call was approved, denied or cancelled."""
         with self.lock:
             self._approvals.pop(call_id, None)
+            self._answered.discard(call_id)
 
     def close_approvals(self) -> None:
         """The run ended: nothing can be approved any more."""
         with self.lock:
             self._approvals.clear()
+            self._answered.clear()
             self._approvals_open = False
 
     def settle(self, outcome: RunOutcome) -> None:
@@ -131,10 +147,10 @@ class RunCell:
                 return
         callback(self.future.result())
 
-    def fail(self, error: AgentError) -> None:
+    def fail(self, error: AgentError) -> RunOutcome:
         """Last resort after a defect: settle the host's future with an ERROR outcome."""
-        self.settle(
-            RunOutcome(
-                run_id=self.run_id, state=RunState.ERROR, errors=(error,), revision=self.revision
-            )
+        outcome = RunOutcome(
+            run_id=self.run_id, state=RunState.ERROR, errors=(error,), revision=self.revision
         )
+        self.settle(outcome)
+        return outcome

@@ -12,65 +12,30 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import pykka
 
 from steerable.actors._engine.log import get_logger
-from steerable.actors._machine.machine import RunMachine
+from steerable.actors._machine.effects import TimerKind
 from steerable.actors._stores.store import CheckpointStore
-from steerable.actors._tools.tool import Tool
 from steerable.protocol import (
     AgentError,
-    CapabilitySnapshot,
-    Compatibility,
     ErrorCode,
-    ForkOrigin,
-    HookName,
     HostMessage,
-    RunConfig,
-    RunEvent,
-    RunMetrics,
     SteerableError,
-    StoredRun,
-    SubagentResult,
+    SteeringMode,
 )
 
 from .cell import RunCell
-from .jobs import Accept
-from .supervisor import Begin, HostMsg, RunSupervisor
-
-if TYPE_CHECKING:
-    from .runtime import Services
+from .factory import Launch, RunEntry, RunFactory
+from .messages import CancelNow, HostMsg, TimerFired
+from .offload import HostIO
+from .services import Parkable, Services
 
 __all__ = ["RunDirectory", "RunEntry"]
 
 _log = get_logger("steerable.directory")
 _STORED_WAIT = 30.0  # seconds a message waits for its run's first stored revision
-
-Hook = Callable[[RunEvent], object]
-
-
-@dataclass(slots=True)
-class RunEntry:
-    """Everything needed to (re)start one run's supervisor."""
-
-    cell: RunCell
-    config: RunConfig
-    agent: Any
-    agent_name: str
-    accept: Accept | None
-    tools: dict[str, Tool[Any, Any]]
-    hooks: dict[HookName, list[Hook]]
-    capabilities: CapabilitySnapshot
-    compatibility: Compatibility | None
-    ref: pykka.ActorRef[RunSupervisor] | None = None
-    deadline: float | None = None
-    """The run's absolute (monotonic) deadline, kept while passivated."""
-    arguments: dict[str, dict[str, Any]] | None = None
-    """Validated arguments of the parked plan's calls, kept in memory while passivated (the
-    store has secrets only as references)."""
 
 
 def ended_error(run_id: str, why: str = "ended") -> SteerableError:
@@ -79,15 +44,17 @@ def ended_error(run_id: str, why: str = "ended") -> SteerableError:
 
 
 class RunDirectory:
-    """Live runs by id, active or passivated. Thread-safe.
+    """Live runs by id, active or passivated. Thread-safe. The `RunPort` of every handle.
 
     Args:
         services: The runtime's shared machinery.
+        factory: Builds the supervisors it starts and wakes.
         passivate: Whether waiting runs give up their supervisor (default True).
     """
 
-    def __init__(self, services: Services, *, passivate: bool = True) -> None:
+    def __init__(self, services: Services, factory: RunFactory, *, passivate: bool = True) -> None:
         self.services = services
+        self.factory = factory
         self.passivate = passivate
         self._lock = threading.Lock()
         self._runs: dict[str, RunEntry] = {}
@@ -119,13 +86,8 @@ class RunDirectory:
 
     # ------------------------------------------------------------------ starting
 
-    def launch(
-        self,
-        entry: RunEntry,
-        machine: Callable[[RunSupervisor], RunMachine],
-        begin: Begin,
-    ) -> None:
-        """Register `entry` and start its supervisor with `begin`.
+    def launch(self, entry: RunEntry, launch: Launch) -> None:
+        """Register `entry` and start its supervisor as `launch` says.
 
         Raises:
             SteerableError: `run_ended` once the runtime is shut down; `resource_exhausted` if
@@ -142,83 +104,42 @@ class RunDirectory:
                 )
             self._runs[entry.cell.run_id] = entry
             self.started += 1
-        self._start_supervisor(entry, machine, begin)
+        self._supervise(entry, launch)
 
-    def _start_supervisor(
-        self, entry: RunEntry, machine: Callable[[RunSupervisor], RunMachine], begin: Begin
-    ) -> None:
+    def _supervise(self, entry: RunEntry, launch: Launch) -> None:
         try:
-            ref = RunSupervisor.start(
-                services=self.services,
-                cell=entry.cell,
-                machine_factory=machine,
-                agent=entry.agent,
-                accept=entry.accept,
-                tools=entry.tools,
-                hooks=entry.hooks,
-            )
-        except RuntimeError as exc:  # T1: starting an actor is fallible
+            self.factory.supervise(entry, launch)
+        except SteerableError:
             with self._lock:
                 self._runs.pop(entry.cell.run_id, None)
-            raise SteerableError(
-                AgentError.of(ErrorCode.RESOURCE_EXHAUSTED, f"could not start a supervisor: {exc}")
-            ) from exc
-        entry.ref = ref
-        ref.tell(begin)
+            raise
 
-    def restored_machine(
-        self,
-        entry: RunEntry,
-        stored: StoredRun,
-        *,
-        fork: ForkOrigin | None = None,
-        run_id: str | None = None,
-        config: RunConfig | None = None,
-        arguments: dict[str, dict[str, Any]] | None = None,
-    ) -> Callable[[RunSupervisor], RunMachine]:
-        """A machine factory that restores `stored` (for resume, wake and fork)."""
-        snap = stored.snapshot
-        clock = self.services.clock
-        children = self._child_metrics(stored) if fork is None else {}
+    # ------------------------------------------------------------------ messages (RunPort)
 
-        def factory(sup: RunSupervisor) -> RunMachine:
-            machine = RunMachine(
-                sup,
-                run_id=run_id or snap.run_id,
-                trace_id=entry.cell.trace_id,
-                task=snap.task,
-                agent=entry.agent_name,
-                config=config or snap.config,
-                tools=entry.tools,
-                capabilities=entry.capabilities,
-                compatibility=entry.compatibility or snap.compatibility,
-                session_id=snap.session_id,
-                task_id=snap.task_id,
-                parent_run_id=snap.parent_run_id,
-                depth=snap.depth,
-                created_at=clock.wall() if fork is not None else snap.created_at,
-                subagents=self.services.agents,
-            )
-            machine.restore(stored, fork=fork, arguments=arguments, children=children)
-            if entry.deadline is not None and fork is None:
-                machine._deadline_left = max(0.0, entry.deadline - clock.now())
-            return machine
+    @property
+    def host_io(self) -> HostIO:
+        """The async face's threads (owned by the services, joined at shutdown)."""
+        return self.services.host_io
 
-        return factory
+    def wall(self) -> float:
+        """Wall-clock seconds now."""
+        return self.services.clock.wall()
 
-    def _child_metrics(self, stored: StoredRun) -> dict[str, RunMetrics]:
-        """What each child whose result is journaled used: the parent's last checkpoint
-        predates that result, so the usage must be added again on restore."""
-        out: dict[str, RunMetrics] = {}
-        for call_id, result in stored.journal.items():
-            if isinstance(result, SubagentResult) and result.child_run_id:
-                try:
-                    out[call_id] = self.store.load(result.child_run_id).snapshot.metrics
-                except SteerableError:
-                    _log.warning("child_metrics_missing", child_run_id=result.child_run_id)
-        return out
+    def steering(self, run_id: str) -> SteeringMode:
+        """A live run's default steering mode (queue for a run that is not live)."""
+        entry = self.get(run_id)
+        return entry.config.steering if entry is not None else SteeringMode.QUEUE
 
-    # ------------------------------------------------------------------ messages
+    def cancel_now(self, cell: RunCell, reason: str) -> None:
+        """Tell an active run's supervisor to cancel at once.
+
+        A passivated run is woken by the stored CancelRequest that follows instead.
+        """
+        entry = self.get(cell.run_id)
+        ref = None if entry is None else entry.ref
+        if ref is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(CancelNow(reason))
 
     def post(self, cell: RunCell, build: Callable[[int], HostMessage]) -> HostMessage:
         """Accept a host message: assign its seq, store it, deliver or wake (in seq order)."""
@@ -250,8 +171,8 @@ class RunDirectory:
 
         return cell.accept(build, deliver)
 
-    def tell_timer(self, run_id: str, message: object) -> None:
-        """Deliver a timer message, waking a passivated run for it."""
+    def deliver(self, run_id: str, message: object) -> None:
+        """Tell a runtime message (a timer, a child's result) to a live run, waking it."""
         entry = self.get(run_id)
         if entry is None:
             return
@@ -265,7 +186,7 @@ class RunDirectory:
 
     # ------------------------------------------------------------------ passivation
 
-    def park(self, sup: RunSupervisor) -> None:
+    def park(self, sup: Parkable) -> None:
         """Passivate a parked run: its supervisor stops; its next message wakes it.
 
         Runs on the supervisor's (dispatcher) thread, after a handler. Under the cell's lock
@@ -278,36 +199,24 @@ class RunDirectory:
         if entry is None or entry.ref is None or entry.ref.actor_urn != sup.actor_urn:
             return
         with cell.lock:
-            if not sup.actor_inbox.empty() or self.closed:
+            if not sup.inbox_empty() or self.closed:
                 return
             entry.ref = None
-            entry.deadline = sup.machine.deadline
-            entry.arguments = {c.call_id: c.arguments for c in sup.machine.plan if c.result is None}
+            entry.deadline, entry.arguments = sup.parked_state()
         # Its timers are cancelled as it stops; its checkpoint may still be in the store's
         # writer queue, which `load` flushes before reading (the dispatcher never waits on it).
-        sup.actor_ref.stop(block=False)
+        sup.stop_parked()
         if entry.deadline is not None:
             # A parked run still has a deadline: the timer wakes it (R14).
-            from steerable.actors._machine.effects import TimerKind
-
-            from .supervisor import TimerFired
-
             run_id = cell.run_id
             message = TimerFired(TimerKind.RUN_DEADLINE, "run", 0)
-            self.services.timer.schedule_at(
-                entry.deadline, lambda: self.tell_timer(run_id, message)
-            )
+            self.services.timer.schedule_at(entry.deadline, lambda: self.deliver(run_id, message))
 
     def _wake(self, entry: RunEntry) -> None:
         """Restart a passivated run's supervisor from its checkpoint (caller holds cell.lock)."""
         stored = self.store.load(entry.cell.run_id)
         self.wakes += 1
-        kept, entry.arguments = entry.arguments, None
-        self._start_supervisor(
-            entry,
-            self.restored_machine(entry, stored, arguments=kept),
-            Begin(resume=True, messages=tuple(stored.messages), wake=True),
-        )
+        self._supervise(entry, self.factory.restoring(entry, stored, wake=True))
 
     # ------------------------------------------------------------------ ending
 

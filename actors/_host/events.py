@@ -18,7 +18,7 @@ from typing import Any
 
 from steerable.protocol import EventKind, Phase, RunEvent
 
-__all__ = ["EventLog", "EventStream"]
+__all__ = ["SSE_KEEPALIVE", "EventLog", "EventStream", "sse_frame"]
 
 _Raw = tuple[int, EventKind, Phase | None, float, dict[str, Any], str, str | None]
 
@@ -165,11 +165,22 @@ class EventLog:
 class EventStream:
     """Iterates a run's events, sync (`for`) or async (`async for`), until the run ends.
 
+    The stream is a cursor: it remembers the next seq to read, so it can be iterated again
+    after a `TimeoutError` (or a `break`) and goes on where it stood. Async iteration
+    survives a cancelled `__anext__` (for example `asyncio.wait_for(stream.__anext__(), 15)`
+    for an SSE keep-alive): the event is not lost, the next call returns it.
+
     Args:
         log: The event log to read.
-        start: The first seq to yield.
-        timeout: For sync iteration, the longest wait for one event before `TimeoutError`.
+        start: The first seq to yield (for a reconnecting client: the last seq it saw + 1).
+        timeout: The longest wait for one event, in seconds; past it `TimeoutError` is raised
+            from that one step (`next` or `__anext__`), and the stream stays usable. None
+            waits as long as the run lasts.
+        only: Restrict the stream to one run of a tree; it then ends with that run's
+            `run_ended` event.
     """
+
+    __slots__ = ("_buffer", "_done", "_log", "_only", "_pos", "_timeout")
 
     def __init__(
         self, log: EventLog, start: int = 0, timeout: float | None = None, only: str | None = None
@@ -179,6 +190,21 @@ class EventStream:
         self._timeout = timeout
         self._only = only
         self._done = False
+        self._buffer: deque[_Raw] = deque()
+
+    @property
+    def position(self) -> int:
+        """The seq of the next event this stream will yield (or wait for)."""
+        return self._buffer[0][0] if self._buffer else self._pos
+
+    def _next_raw(self) -> _Raw | None:
+        """The next buffered event that passes the filter, or None when the buffer is empty."""
+        buffer = self._buffer
+        while buffer:
+            raw = buffer.popleft()
+            if self._keep(raw):
+                return raw
+        return None
 
     def _keep(self, raw: _Raw) -> bool:
         only = self._only
@@ -190,37 +216,88 @@ class EventStream:
             self._done = True
         return True
 
+    def _fill(self, batch: list[_Raw]) -> None:
+        self._buffer.extend(batch)
+        self._pos = batch[-1][0] + 1
+
     def __iter__(self) -> Iterator[RunEvent]:
         log = self._log
         while True:
-            batch, closed = log.wait_read(self._pos, self._timeout)
-            if not batch and not closed:
-                raise TimeoutError(f"no event within {self._timeout}s")
-            for raw in batch:
-                self._pos = raw[0] + 1
-                if self._keep(raw):
-                    yield log.to_event(raw)
-                if self._done:
-                    return
-            if closed and not batch:
+            raw = self._next_raw()
+            if raw is not None:
+                yield log.to_event(raw)
+                continue
+            if self._done:
                 return
+            batch, closed = log.wait_read(self._pos, self._timeout)
+            if batch:
+                self._fill(batch)
+            elif closed:
+                self._done = True
+                return
+            else:
+                raise TimeoutError(f"no event within {self._timeout}s")
 
-    def __aiter__(self) -> AsyncIterator[RunEvent]:
-        return self._aiter()
+    def __aiter__(self) -> EventStream:
+        return self
 
-    async def _aiter(self) -> AsyncIterator[RunEvent]:
+    async def __anext__(self) -> RunEvent:
         log = self._log
         while True:
+            raw = self._next_raw()
+            if raw is not None:
+                return log.to_event(raw)
+            if self._done:
+                raise StopAsyncIteration
             batch, closed, fut, _ = log._read(self._pos)
-            for raw in batch:
-                self._pos = raw[0] + 1
-                if self._keep(raw):
-                    yield log.to_event(raw)
-                if self._done:
-                    return
             if batch:
+                self._fill(batch)
                 continue
             if closed:
-                return
-            if fut is not None:
-                await asyncio.wrap_future(fut)
+                self._done = True
+                raise StopAsyncIteration
+            if fut is None:  # pragma: no cover - _read returns a future when nothing is new
+                continue
+            # Cancelling the awaiting task cancels only this wait: the cursor is unchanged.
+            waiting = asyncio.wrap_future(fut)
+            if self._timeout is None:
+                await waiting
+            else:
+                try:
+                    await asyncio.wait_for(waiting, self._timeout)
+                except TimeoutError:
+                    raise TimeoutError(f"no event within {self._timeout}s") from None
+
+    def sse(self, *, keepalive: float | None = 15.0) -> AsyncIterator[str]:
+        """The stream as Server-Sent Events frames (`id`, `event`, `data`), for a web response.
+
+        Every `keepalive` seconds without an event, an SSE comment line is yielded instead, so
+        proxies keep the connection open; the stream ends when the run ends. A client that
+        reconnects sends `Last-Event-ID`: start a new stream at that seq + 1.
+        """
+        return _sse_frames(self, keepalive)
+
+
+def sse_frame(event: RunEvent) -> str:
+    """One event as a Server-Sent Events frame: `id` is its seq, `event` its kind, `data` its
+    JSON (one line)."""
+    return f"id: {event.seq}\nevent: {event.kind.value}\ndata: {event.model_dump_json()}\n\n"
+
+
+SSE_KEEPALIVE = ": keepalive\n\n"
+"""The comment frame `EventStream.sse` yields while a run is quiet."""
+
+
+async def _sse_frames(stream: EventStream, keepalive: float | None) -> AsyncIterator[str]:
+    while True:
+        try:
+            if keepalive is None:
+                event = await stream.__anext__()
+            else:
+                event = await asyncio.wait_for(stream.__anext__(), keepalive)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            yield SSE_KEEPALIVE
+            continue
+        yield sse_frame(event)

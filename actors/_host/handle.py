@@ -19,12 +19,16 @@ from steerable.protocol import (
     SteeringMode,
     UserMessage,
 )
+from steerable.protocol.codec import check_storable
 
 from .events import EventStream
+from .offload import async_form
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .cell import RunCell
-    from .runtime import Runtime
+    from .port import RunPort
 
 __all__ = ["RunHandle"]
 
@@ -36,10 +40,10 @@ class RunHandle:
     stored, when the store is durable, and delivered by `tell`).
     """
 
-    __slots__ = ("_cell", "_runtime")
+    __slots__ = ("_cell", "_port")
 
-    def __init__(self, runtime: Runtime, cell: RunCell) -> None:
-        self._runtime = runtime
+    def __init__(self, port: RunPort, cell: RunCell) -> None:
+        self._port = port
         self._cell = cell
 
     @property
@@ -78,22 +82,19 @@ class RunHandle:
 
         Raises:
             SteerableError: code `run_ended` if the run is already terminal.
-            ValueError: `mode` is not "queue" or "interrupt", or `content` is not valid
-                Unicode text (e.g. a lone surrogate). Nothing is sent.
+            TypeError: `content` is not a `str`. Nothing is sent.
+            ValueError: `mode` is not "queue" or "interrupt", or `content` cannot be stored:
+                not valid Unicode text (e.g. a lone surrogate), or larger than
+                `steerable.protocol.codec.MAX_VALUE_BYTES`. Nothing is sent.
         """
         try:
-            steering = SteeringMode(mode) if mode is not None else self._runtime._steering(self)
+            steering = SteeringMode(mode) if mode is not None else self._port.steering(self.run_id)
         except ValueError:
             raise ValueError(f"mode must be 'queue' or 'interrupt', not {mode!r}") from None
-        try:
-            content.encode("utf-8")
-        except UnicodeEncodeError as exc:  # lone surrogates: no store could keep the text
-            raise ValueError(f"content is not valid Unicode text: {exc.reason}") from None
+        _check_text(content, "content")  # no store could keep it: refused before any seq
 
         def build(seq: int) -> HostMessage:
-            return UserMessage(
-                seq=seq, content=content, mode=steering, at=self._runtime.clock.wall()
-            )
+            return UserMessage(seq=seq, content=content, mode=steering, at=self._port.wall())
 
         return self._post(build).seq
 
@@ -102,11 +103,21 @@ class RunHandle:
         return self._cell.pending_approvals()
 
     def approve(self, call_id: str) -> bool:
-        """Approve a pending call; True if it settled one, False otherwise (docs/contract.md)."""
+        """Approve a pending call; True if it settled one, False otherwise (docs/contract.md).
+
+        Raises:
+            TypeError: `call_id` is not a `str` (nothing is claimed).
+        """
         return self._settle(call_id, approved=True, reason="")
 
     def deny(self, call_id: str, reason: str = "") -> bool:
-        """Deny a pending call: the agent gets an `approval_denied` result."""
+        """Deny a pending call: the agent gets an `approval_denied` result.
+
+        Raises:
+            TypeError: `call_id` or `reason` is not a `str`.
+            ValueError: `reason` cannot be stored (see `send`). Either way the call stays
+                pending: arguments are checked before the approval is claimed.
+        """
         return self._settle(call_id, approved=False, reason=reason)
 
     def cancel(self, reason: str = "cancelled") -> bool:
@@ -115,7 +126,13 @@ class RunHandle:
         Returns:
             True if this call took effect; False if the run was already terminal or
             already being cancelled.
+
+        Raises:
+            TypeError: `reason` is not a `str`.
+            ValueError: `reason` cannot be stored (see `send`). Either way nothing is
+                cancelled: the reason is checked before the cancellation is claimed.
         """
+        _check_text(reason, "reason")
         cell = self._cell
         with cell.lock:
             if cell.state.is_terminal or cell.cancel_requested:
@@ -123,11 +140,11 @@ class RunHandle:
             cell.cancel_requested = True
         # First tell the supervisor (so it acts before any result the cancellation provokes),
         # then cancel the scope on this thread: tools waiting on their context wake at once.
-        self._runtime._cancel_now(cell, reason)
+        self._port.cancel_now(cell, reason)
         cell.scope.cancel(reason)
 
         def build(seq: int) -> HostMessage:
-            return CancelRequest(seq=seq, reason=reason, at=self._runtime.clock.wall())
+            return CancelRequest(seq=seq, reason=reason, at=self._port.wall())
 
         # Recorded in order (and stored): what a crash recovery sees. The run may already
         # have ended from the signal above; the cancel took effect either way.
@@ -160,13 +177,26 @@ class RunHandle:
         cell = self._cell
         return cell.events.stream(start, timeout, None if cell.owns_events else cell.run_id)
 
+    # ------------------------------------------------------------------ async face
+
+    asend = async_form(send, lambda handle: handle._port.host_io)
+    aapprove = async_form(approve, lambda handle: handle._port.host_io)
+    adeny = async_form(deny, lambda handle: handle._port.host_io)
+    acancel = async_form(cancel, lambda handle: handle._port.host_io)
+
     def __repr__(self) -> str:
         return f"<RunHandle {self.run_id} {self.state.value}>"
 
     # ------------------------------------------------------------------ internals
 
     def _settle(self, call_id: str, *, approved: bool, reason: str) -> bool:
-        if not self._cell.claim_approval(call_id):
+        # Validate first, claim second: a claimed approval whose message cannot be built
+        # would be neither pending nor settled, and the run would wait forever.
+        if not isinstance(call_id, str):
+            raise TypeError(f"call_id must be a str, not {type(call_id).__name__}")
+        _check_text(reason, "reason")
+        request = self._cell.claim_approval(call_id)
+        if request is None:
             return False
 
         def build(seq: int) -> HostMessage:
@@ -175,16 +205,21 @@ class RunHandle:
                 call_id=call_id,
                 approved=approved,
                 reason=reason,
-                at=self._runtime.clock.wall(),
+                at=self._port.wall(),
             )
 
         try:
             self._post(build)
         except SteerableError:
+            if not self._cell.state.is_terminal:
+                self._cell.unclaim_approval(request)  # not posted: still pending
             return False
+        except BaseException:
+            self._cell.unclaim_approval(request)
+            raise
         return True
 
-    def _post(self, build: object) -> HostMessage:
+    def _post(self, build: Callable[[int], HostMessage]) -> HostMessage:
         cell = self._cell
         if cell.state.is_terminal:
             raise SteerableError(
@@ -195,4 +230,11 @@ class RunHandle:
                     state=cell.state.value,
                 )
             )
-        return self._runtime._post(cell, build)  # type: ignore[arg-type]
+        return self._port.post(cell, build)
+
+
+def _check_text(text: object, what: str) -> None:
+    """Refuse text no store could keep: TypeError for a non-str, ValueError otherwise."""
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a str, not {type(text).__name__}")
+    check_storable(text, what=what)

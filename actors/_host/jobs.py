@@ -8,6 +8,7 @@ ignored when it reports: the supervisor correlates by call id and attempt.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import threading
 from collections.abc import Callable, Coroutine, Sequence
@@ -17,9 +18,16 @@ from typing import Any
 import pykka
 from pydantic import TypeAdapter, ValidationError
 
+from steerable.actors._engine.cancel import Cancelled
 from steerable.actors._engine.clock import Clock
 from steerable.actors._engine.log import get_logger
-from steerable.actors._tools.tool import Tool, ToolContext, error_from_exception, normalize_result
+from steerable.actors._tools.tool import (
+    RetryableToolError,
+    Tool,
+    ToolContext,
+    error_from_exception,
+    normalize_result,
+)
 from steerable.protocol import (
     AgentError,
     AskUser,
@@ -29,7 +37,10 @@ from steerable.protocol import (
     Plan,
     RunEvent,
     RunView,
+    SteerableError,
+    ToolCall,
 )
+from steerable.protocol.codec import MAX_VALUE_BYTES, check_storable
 
 __all__ = [
     "Accept",
@@ -106,6 +117,29 @@ def coerce_decision(value: object) -> Plan | Finish | AskUser:
     raise ValueError(f"decide returned {type(value).__name__}, not Plan, Finish or AskUser")
 
 
+def check_decision(decision: Plan | Finish | AskUser) -> None:
+    """Refuse a decision a store could not keep (text that is not valid Unicode, a task larger
+    than a value may be). A call's arguments are checked by the run machine, per call
+    (`invalid_arguments` for that call alone); a Finish's output when it is normalized.
+
+    Raises:
+        ValueError: What cannot be stored; the run ends `invalid_decision`.
+    """
+    if isinstance(decision, Plan):
+        what = "the plan (its thought, tool names or subagent tasks)"
+        size = check_storable(decision.thought, what=what)
+        for step in decision.steps:
+            if isinstance(step, ToolCall):
+                size += check_storable(step.name, what=what)
+            else:
+                size += check_storable(step.agent, what=what)
+                size += check_storable(step.task, what=what)
+        if size > MAX_VALUE_BYTES:
+            raise ValueError(f"{what} is larger than the {MAX_VALUE_BYTES} bytes a value may take")
+    elif isinstance(decision, AskUser):
+        check_storable(decision.question, what="the question")
+
+
 class DecideJob:
     """One model call: `agent.decide(view)`, then `accept(output, view)` on a Finish."""
 
@@ -154,7 +188,9 @@ class DecideJob:
         else:
             try:
                 decision = coerce_decision(raw)
-            except ValueError as bad:
+                check_decision(decision)
+            except (TypeError, ValueError) as bad:
+                decision = None
                 error = AgentError.of(
                     ErrorCode.INVALID_DECISION, str(bad), returned=type(raw).__name__
                 )
@@ -181,6 +217,19 @@ class DecideJob:
             )
         if output is not decision.output:
             decision = Finish(output=output, usage=decision.usage)
+        check = getattr(self.agent, "check_finish", None)
+        if check is not None:
+            # The agent's own check (a model adapter validating structured output) comes
+            # first: its verdict goes back to the model as a correction (R9), like accept's.
+            try:
+                own = check(output, self.view)
+            except Exception as exc:  # noqa: BLE001 - a broken check is the agent's defect
+                err = AgentError.of(
+                    ErrorCode.HANDLER_ERROR, f"check_finish raised {exc!r}", where="check_finish"
+                )
+                return decision, f"the agent's output check failed: {exc!r}", err, None
+            if own is not None:
+                return decision, str(own), None, None
         if self.accept is None:
             return decision, None, None, None
         try:
@@ -196,10 +245,27 @@ async def _await(awaitable: Any) -> Any:
 
 
 def _decide_error(exc: BaseException) -> AgentError:
+    """What the machine is told when decide raised (docs/models.md "Errors and retries").
+
+    A `SteerableError` (a model adapter's `ProviderError`) keeps its own error and
+    retryability; `RetryableToolError` gives a retryable `handler_error`; a cancellation
+    gives `cancelled`; anything else a final `handler_error`.
+    """
+    if isinstance(exc, SteerableError):
+        return exc.error
+    if isinstance(exc, Cancelled | asyncio.CancelledError):
+        return AgentError.of(ErrorCode.CANCELLED, "the model call was cancelled")
+    retryable = isinstance(exc, RetryableToolError)
+    details: dict[str, Any] = {"exception": type(exc).__qualname__}
+    if isinstance(exc, RetryableToolError):
+        retry_after = exc.details.get("retry_after")
+        if isinstance(retry_after, int | float) and not isinstance(retry_after, bool):
+            details["retry_after"] = float(retry_after)
     return AgentError.of(
         ErrorCode.HANDLER_ERROR,
         f"the agent's decide raised {type(exc).__name__}: {exc}",
-        exception=type(exc).__qualname__,
+        retryable=retryable,
+        **details,
     )
 
 

@@ -1,9 +1,10 @@
 """`Runtime`: the facade a host embeds. It owns the shared machinery and the live runs.
 
 One runtime holds one dispatcher (supervisors' threads), one timer thread, one worker pool
-for blocking user code, one hook worker, one lazily started asyncio loop, and a store. It
-keeps its own directory of runs and stops only what it started (docs/pykka.md T9): it never calls
-`ActorRegistry.stop_all()`.
+for blocking user code, a pool of `hook_workers` hook threads, one lazily started asyncio
+loop, and a store. Its `RunHost` keeps its own directory of runs; it stops only what it started
+(docs/pykka.md T9): it never calls `ActorRegistry.stop_all()`. Only `actors/__init__.py` and
+the CLI import this module (tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pykka
@@ -22,76 +22,35 @@ from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import Dispatcher
 from steerable.actors._engine.pool import WorkerPool
 from steerable.actors._engine.timer import TimerService
-from steerable.actors._machine.effects import ChildJob
-from steerable.actors._machine.machine import RunMachine
-from steerable.actors._stores.replay import Replay, replay_of
+from steerable.actors._stores.replay import Replay, outcome_of, replay_of
 from steerable.actors._stores.store import CheckpointStore, MemoryStore, RevisionInfo
-from steerable.actors._tools.tool import Tool, tool
+from steerable.actors._tools.tool import Tool
 from steerable.protocol import (
     AgentError,
-    AgentSpec,
-    CapabilitySnapshot,
     Compatibility,
     ErrorCode,
     ForkOrigin,
     HookName,
-    HostMessage,
     RunConfig,
-    RunEvent,
-    RunOutcome,
     SteerableError,
-    SteeringMode,
     new_run_id,
     new_trace_id,
 )
+from steerable.protocol.codec import check_storable
 
 from .cell import RunCell
-from .directory import RunDirectory, RunEntry
 from .events import EventLog
+from .factory import Agent, Hook, RunEntry, agent_name, tool_table
 from .handle import RunHandle
-from .jobs import Accept, HookDrain
-from .runtrees import RunTree, build_tree, check_compatible, start_child
-from .supervisor import Begin, CancelNow, RunSupervisor
+from .host import RunHost
+from .jobs import Accept
+from .offload import HostIO, async_form, in_thread
+from .runtrees import RunTree, build_tree, check_compatible
+from .services import Services
 
-__all__ = ["Agent", "RunTree", "Runtime", "Services"]
+__all__ = ["Agent", "RunTree", "Runtime", "Services", "agent_name"]
 
 _log = get_logger("steerable.runtime")
-_CAPABILITY_CACHE = 1024  # distinct (agent, tool set) snapshots kept
-
-Agent = Any
-"""An agent: any object with `decide(view) -> Decision` (plain or async) and optional `name`."""
-
-Hook = Callable[[RunEvent], object]
-
-
-@dataclass(slots=True)
-class Services:
-    """The shared machinery every supervisor of one runtime uses."""
-
-    clock: Clock
-    dispatcher: Dispatcher
-    timer: TimerService
-    pool: WorkerPool
-    hook_pool: WorkerPool
-    aloop: AsyncRunner
-    store: CheckpointStore
-    hook_timeout: float
-    run_ended: Callable[[str], None]
-    park: Callable[[RunSupervisor], None]
-    start_child: Callable[[RunSupervisor, ChildJob], None]
-    cancel_child: Callable[[str, str], None]
-    agents: frozenset[str]
-    hooks_draining: HookDrain = field(default_factory=HookDrain)
-
-
-def agent_name(agent: Agent) -> str:
-    """An agent's name: its `name` attribute, else its class name."""
-    name = getattr(agent, "name", None)
-    return name if isinstance(name, str) and name else type(agent).__name__
-
-
-def _as_tool(obj: Tool[Any, Any] | Callable[..., Any]) -> Tool[Any, Any]:
-    return obj if isinstance(obj, Tool) else tool(obj)
 
 
 class Runtime:
@@ -140,16 +99,14 @@ class Runtime:
             threading.stack_size(thread_stack_size)
         self.clock: Clock = clock or SystemClock()
         self.store: CheckpointStore = store if store is not None else MemoryStore()
-        self.tools: dict[str, Tool[Any, Any]] = {}
-        for t in tools:
-            wrapped = _as_tool(t)
-            self.tools[wrapped.spec.name] = wrapped
+        self.tools: dict[str, Tool[Any, Any]] = tool_table(tools, "Runtime(tools=...)")
         self.agents: dict[str, Agent] = dict(agents or {})
         self.config = config or RunConfig()
         self._hooks: dict[HookName, list[Hook]] = {}
-        self._capabilities: dict[tuple[str, str, tuple[int, ...]], CapabilitySnapshot] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._shut_down = threading.Event()
+        self._left: list[str] = []
         dispatcher = Dispatcher(threads=dispatcher_threads, name="steerable-dispatch")
         timer = TimerService(self.clock, name="steerable-timer")
         pool = WorkerPool(
@@ -161,7 +118,7 @@ class Runtime:
         hook_pool = WorkerPool(
             max_workers=hook_workers, max_abandoned=max_abandoned, name="steerable-hooks"
         )
-        self.services = Services(
+        self._host = RunHost(
             clock=self.clock,
             dispatcher=dispatcher,
             timer=timer,
@@ -170,13 +127,15 @@ class Runtime:
             aloop=AsyncRunner(name="steerable-asyncio"),
             store=self.store,
             hook_timeout=hook_timeout,
-            run_ended=self._run_ended,
-            park=self._park,
-            start_child=self._start_child,
-            cancel_child=self._cancel_child,
-            agents=frozenset(self.agents),
+            tools=self.tools,
+            agents=self.agents,
+            passivate=passivate,
         )
-        self.directory = RunDirectory(self.services, passivate=passivate)
+        self.services: Services = self._host.services
+        self.host_io: HostIO = self.services.host_io
+        """The threads of the async face (`astart`, `handle.asend`, ...)."""
+        self.directory = self._host.directory
+        self._factory = self._host.factory
         dispatcher.start()
         timer.start()
         pool.start()
@@ -186,7 +145,7 @@ class Runtime:
     def on(self, hook: HookName | str, callback: Hook) -> Callable[[], None]:
         """Register a lifecycle hook for runs started from now on; returns an unregister.
 
-        `callback(event)` runs on the hook worker (never on a supervisor), with the `RunEvent`
+        `callback(event)` runs on a hook worker (never on a supervisor), with the `RunEvent`
         of its moment; if it raises, the run records `hook_error` and goes on (R13).
         """
         name = HookName(hook)
@@ -232,7 +191,19 @@ class Runtime:
 
         Raises:
             SteerableError: code `run_ended` if the runtime is shut down.
+            TypeError: `task` is not a `str` (None included), `session_id` or `task_id` is
+                neither a `str` nor None, `config` is not a `RunConfig`, or `agent` has no
+                `decide`. Nothing is started.
+            ValueError: `task`, `session_id` or `task_id` cannot be stored (text that is
+                not valid Unicode, or a task larger than
+                `steerable.protocol.codec.MAX_VALUE_BYTES`), or `tools` holds two different
+                tools of one name. Nothing is started.
         """
+        if not isinstance(task, str):
+            raise TypeError(f"task must be a str, not {type(task).__name__}")
+        check_storable(task, what="the task")
+        _optional_text(session_id, "session_id")
+        _optional_text(task_id, "task_id")
         run_id = new_run_id()
         trace_id = new_trace_id()
         entry = self._entry(
@@ -244,27 +215,11 @@ class Runtime:
             compatibility,
             tools,
         )
-        created = self.clock.wall()
-
-        def factory(sup: RunSupervisor) -> RunMachine:
-            return RunMachine(
-                sup,
-                run_id=run_id,
-                trace_id=trace_id,
-                task=task,
-                agent=entry.agent_name,
-                config=entry.config,
-                tools=entry.tools,
-                capabilities=entry.capabilities,
-                compatibility=compatibility,
-                session_id=session_id,
-                task_id=task_id,
-                created_at=created,
-                subagents=self.agents.keys(),
-            )
-
-        self.directory.launch(entry, factory, Begin())
-        return RunHandle(self, entry.cell)
+        self.directory.launch(
+            entry,
+            self._factory.fresh(entry, task, session_id=session_id, task_id=task_id),
+        )
+        return RunHandle(self.directory, entry.cell)
 
     def resume(
         self,
@@ -300,7 +255,7 @@ class Runtime:
         """
         live = self.directory.get(run_id)
         if live is not None:
-            return RunHandle(self, live.cell)
+            return RunHandle(self.directory, live.cell)
         stored = self.store.load(run_id)
         snap = stored.snapshot
         cell = RunCell(
@@ -315,24 +270,11 @@ class Runtime:
         entry = self._entry(cell, agent, snap.config, accept, hooks, compatibility, tools)
         check_compatible(snap, entry, compatibility, override)
         if snap.state.is_terminal:
-            cell.settle(
-                RunOutcome(
-                    run_id=run_id,
-                    state=snap.state,
-                    output=snap.output,
-                    errors=snap.errors,
-                    metrics=snap.metrics,
-                    revision=snap.revision,
-                )
-            )
-            return RunHandle(self, cell)
+            cell.settle(outcome_of(snap))
+            return RunHandle(self.directory, cell)
         cell.state = snap.state
-        self.directory.launch(
-            entry,
-            self.directory.restored_machine(entry, stored),
-            Begin(resume=True, messages=tuple(stored.messages)),
-        )
-        return RunHandle(self, cell)
+        self.directory.launch(entry, self._factory.restoring(entry, stored))
+        return RunHandle(self.directory, cell)
 
     def fork(
         self,
@@ -368,14 +310,8 @@ class Runtime:
             tools,
         )
         origin = ForkOrigin(run_id=run_id, revision=snap.revision)
-        self.directory.launch(
-            entry,
-            self.directory.restored_machine(
-                entry, stored, fork=origin, run_id=new_id, config=entry.config
-            ),
-            Begin(resume=True),
-        )
-        return RunHandle(self, entry.cell)
+        self.directory.launch(entry, self._factory.restoring(entry, stored, fork=origin))
+        return RunHandle(self.directory, entry.cell)
 
     def replay(self, run_id: str, revision: int | None = None) -> Replay:
         """A run's transcript and events up to `revision` (default: the latest), read-only.
@@ -404,7 +340,7 @@ class Runtime:
         Raises:
             SteerableError: `not_found` if neither knows the run.
         """
-        return build_tree(self, run_id)
+        return build_tree(self.store, self.directory, run_id)
 
     def handle(self, run_id: str) -> RunHandle:
         """A handle on a live run (active or passivated).
@@ -417,7 +353,7 @@ class Runtime:
             raise SteerableError(
                 AgentError.of(ErrorCode.NOT_FOUND, f"no live run {run_id!r}", run_id=run_id)
             )
-        return RunHandle(self, entry.cell)
+        return RunHandle(self.directory, entry.cell)
 
     def statistics(self) -> dict[str, int]:
         """Runtime-level metrics (R28): runs, threads, workers, timers, queue depths."""
@@ -445,28 +381,69 @@ class Runtime:
 
     # ------------------------------------------------------------------ shutdown
 
-    def shutdown(self, timeout: float = 5.0, *, cancel_runs: bool = True) -> list[str]:
+    def shutdown(self, timeout: float = 5.0, *, cancel_runs: bool | None = None) -> list[str]:
         """Stop every run and every thread this runtime started.
 
         Args:
             timeout: Seconds to wait in all (live runs to end, workers to finish).
-            cancel_runs: Cancel live runs (they end CANCELLED). If False, live runs are
-                stopped where they stand (resumable from their last checkpoint with a durable
-                store) and their handles' `result()` raises `SteerableError` (`run_ended`).
+            cancel_runs: True cancels live runs (they end CANCELLED). False parks them: they
+                stop where they stand, resumable from their last checkpoint by this or another
+                process (`rt.resume`), and their handles' `result()` raises `SteerableError`
+                (`run_ended`). Default: park when the store is durable (a routine deploy must
+                not cancel the runs waiting for a person), cancel with an in-memory store
+                (nothing could resume them).
 
         Returns:
             The names of threads still alive because their tool never returned (abandoned
-            workers, daemon threads); everything else is gone.
+            workers, daemon threads); everything else is gone. A second call (from any thread)
+            waits until the first has finished and returns the same names.
+
+        Raises:
+            RuntimeError: Called from one of this runtime's own threads (inside a tool, a
+                hook, a sync `decide` or `accept`): it cannot wait for the thread it runs on.
+                Nothing is stopped; call it from the host's thread (or use `ashutdown`).
+            TypeError: `timeout` is not a number. Nothing is stopped.
         """
+        if self._on_own_thread():
+            raise RuntimeError(
+                "Runtime.shutdown() called from one of the runtime's own threads (a tool, a "
+                "hook or a decide): it cannot wait for itself; nothing was stopped. Call it "
+                "from the host's thread (e.g. after result() returns)."
+            )
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise TypeError(f"timeout must be seconds as a number, not {timeout!r}")
         with self._lock:
-            if self._closed:
-                return []
+            first = not self._closed
             self._closed = True
+        if not first:
+            self._shut_down.wait()
+            return list(self._left)
+        try:
+            self._left = self._shutdown(timeout, cancel_runs)
+        finally:
+            self._shut_down.set()
+        return list(self._left)
+
+    def _on_own_thread(self) -> bool:
+        thread = threading.current_thread()
+        services = self.services
+        return (
+            services.dispatcher.owns_thread(thread)
+            or services.timer.owns_thread(thread)
+            or services.pool.owns_thread(thread)
+            or services.hook_pool.owns_thread(thread)
+            or services.aloop.owns_thread(thread)
+        )
+
+    def _shutdown(self, timeout: float, cancel_runs: bool | None) -> list[str]:
+        if cancel_runs is None:
+            cancel_runs = not self.store.durable
         deadline = self.clock.now() + timeout
+        self.host_io.shutdown()
         live = self.directory.entries()
         if cancel_runs:
             for entry in live:
-                RunHandle(self, entry.cell).cancel("runtime shutdown")
+                RunHandle(self.directory, entry.cell).cancel("runtime shutdown")
             for entry in live:
                 try:
                     entry.cell.future.result(max(0.0, deadline - self.clock.now()))
@@ -499,6 +476,26 @@ class Runtime:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
+    # ------------------------------------------------------------------ async face
+
+    astart = async_form(start, lambda rt: rt.host_io)
+    aresume = async_form(resume, lambda rt: rt.host_io)
+    afork = async_form(fork, lambda rt: rt.host_io)
+
+    async def ashutdown(
+        self, timeout: float = 5.0, *, cancel_runs: bool | None = None
+    ) -> list[str]:
+        """`shutdown`, awaitable: the joins happen on a thread of their own, off the loop."""
+        return await in_thread(
+            lambda: self.shutdown(timeout, cancel_runs=cancel_runs), "steerable-shutdown"
+        )
+
+    async def __aenter__(self) -> Runtime:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.ashutdown()
+
     # ------------------------------------------------------------------ internals
 
     def _entry(
@@ -511,41 +508,15 @@ class Runtime:
         compatibility: Compatibility | None,
         tools: Iterable[Tool[Any, Any] | Callable[..., Any]] | None,
     ) -> RunEntry:
-        if not callable(getattr(agent, "decide", None)):
-            raise TypeError(f"agent {agent!r} has no decide(view) method")
         if self._closed:
             raise _shut_down()
-        run_tools = dict(self.tools)
-        for t in tools or ():
-            wrapped = _as_tool(t)
-            run_tools[wrapped.spec.name] = wrapped
-        name = agent_name(agent)
-        version = str(getattr(agent, "version", "1"))
-        # Built once per (agent, tool set): hashing every tool's schema on each start() was a
-        # large part of starting a run (W5, W8).
-        cache_key = (name, version, tuple(id(t) for t in run_tools.values()))
-        capabilities = self._capabilities.get(cache_key)
-        if capabilities is None:
-            capabilities = CapabilitySnapshot.of(
-                [t.spec for t in run_tools.values()],
-                [AgentSpec(name=name, version=version)]
-                + [
-                    AgentSpec(name=n, version=str(getattr(a, "version", "1")))
-                    for n, a in self.agents.items()
-                    if n != name
-                ],
-            )
-            if len(self._capabilities) < _CAPABILITY_CACHE:
-                self._capabilities[cache_key] = capabilities
-        return RunEntry(
-            cell=cell,
-            config=config,
-            agent=agent,
-            agent_name=name,
-            accept=accept,
-            tools=run_tools,
+        return self._factory.entry(
+            cell,
+            agent,
+            config,
+            tools=self._factory.run_tools(tools),
             hooks=self._merge_hooks(hooks),
-            capabilities=capabilities,
+            accept=accept,
             compatibility=compatibility,
         )
 
@@ -559,33 +530,12 @@ class Runtime:
             merged.setdefault(HookName(name), []).extend(callbacks)
         return merged
 
-    def _steering(self, handle: RunHandle) -> SteeringMode:
-        entry = self.directory.get(handle.run_id)
-        return entry.config.steering if entry is not None else SteeringMode.QUEUE
 
-    def _cancel_now(self, cell: RunCell, reason: str) -> None:
-        entry = self.directory.get(cell.run_id)
-        ref = None if entry is None else entry.ref
-        if ref is not None:  # a passivated run is woken by the stored CancelRequest
-            with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(CancelNow(reason))
-
-    def _post(self, cell: RunCell, build: Callable[[int], HostMessage]) -> HostMessage:
-        return self.directory.post(cell, build)
-
-    def _run_ended(self, run_id: str) -> None:
-        self.directory.ended_run(run_id)
-
-    def _park(self, sup: RunSupervisor) -> None:
-        self.directory.park(sup)
-
-    def _cancel_child(self, run_id: str, reason: str) -> None:
-        entry = self.directory.get(run_id)
-        if entry is not None:
-            RunHandle(self, entry.cell).cancel(reason)
-
-    def _start_child(self, parent: RunSupervisor, job: ChildJob) -> None:
-        start_child(self, parent, job)
+def _optional_text(value: object, what: str) -> None:
+    if value is not None:
+        if not isinstance(value, str):
+            raise TypeError(f"{what} must be a str or None, not {type(value).__name__}")
+        check_storable(value, what=what)
 
 
 def _shut_down() -> SteerableError:

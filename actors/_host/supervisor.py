@@ -9,6 +9,7 @@ runtime's dispatcher (docs/pykka.md, last section), which makes "never block" lo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import pykka
 from steerable.actors._engine.base import SteerableActor
 from steerable.actors._engine.cancel import CancelScope
 from steerable.actors._engine.log import get_logger
-from steerable.actors._engine.mux import MuxActor
+from steerable.actors._engine.mux import MuxActor, tell_now
 from steerable.actors._machine.effects import CallJob, ChildJob, TimerKind
 from steerable.actors._machine.machine import MODEL_KEY, RunMachine
 from steerable.actors._tools.tool import Tool, ToolContext
@@ -30,7 +31,6 @@ from steerable.protocol import (
     ErrorCode,
     EventKind,
     HookName,
-    HostMessage,
     Phase,
     RunEvent,
     RunOutcome,
@@ -42,61 +42,16 @@ from steerable.protocol import (
 )
 
 from .jobs import Accept, Decided, DecideJob, HookDone, HookJob, ToolDone, ToolJob
+from .live import LiveEvent, ModelCallContext
+from .messages import Begin, CancelNow, ChildDone, HostMsg, Stored, TimerFired
 
 if TYPE_CHECKING:
     from .cell import RunCell
-    from .runtime import Services
+    from .services import Services
 
-__all__ = ["Begin", "ChildDone", "HostMsg", "RunSupervisor", "TimerFired"]
+__all__ = ["RunSupervisor"]
 
 _log = get_logger("steerable.supervisor")
-
-
-@dataclass(slots=True)
-class Begin:
-    """Message: start the run, or resume a restored one with the messages stored since."""
-
-    resume: bool = False
-    messages: tuple[HostMessage, ...] = ()
-    wake: bool = False
-
-
-@dataclass(slots=True)
-class HostMsg:
-    """Message: a host message was accepted (and stored) for this run."""
-
-    message: HostMessage
-
-
-@dataclass(slots=True)
-class TimerFired:
-    """Message: a timer of this run fired."""
-
-    kind: TimerKind
-    key: str
-    attempt: int
-
-
-@dataclass(slots=True)
-class Stored:
-    """Message: the store holds revision `revision` of this run (committed)."""
-
-    revision: int
-
-
-@dataclass(slots=True)
-class CancelNow:
-    """Message: the host is cancelling the run (ahead of its stored CancelRequest)."""
-
-    reason: str
-
-
-@dataclass(slots=True)
-class ChildDone:
-    """Message: the child run of subagent call `call_id` reached its terminal state."""
-
-    call_id: str
-    outcome: RunOutcome
 
 
 @dataclass(slots=True)
@@ -166,7 +121,7 @@ class RunSupervisor(SteerableActor, MuxActor):
         machine = self.machine
         self.cell.state = machine.state
         if machine.parked and not self._hooks_pending and not self._work:
-            self.services.park(self)
+            self.services.host.park(self)
         return None
 
     def _on_tool_done(self, message: ToolDone, now: float) -> None:
@@ -208,6 +163,22 @@ class RunSupervisor(SteerableActor, MuxActor):
         if self._children.pop(message.call_id, None) is not None:
             self.machine.child_done(message.call_id, message.outcome, now)
 
+    def _on_live(self, message: LiveEvent, now: float) -> None:
+        # Only while its call is in flight: a cancelled stream's late deltas, or an abandoned
+        # tool's progress, must not follow the events of what came after.
+        if message.call_id is not None:
+            if message.call_id not in self._work:
+                return
+            phase = Phase.EXECUTE
+        else:
+            if message.model_call != self.machine.model_in_flight:
+                return
+            phase = Phase.REASON
+        cell = self.cell
+        data = {"live": True, **message.data}
+        cell.events.append(cell.run_id, message.kind, phase, self._wall, data,
+                           cell.parent_run_id)  # fmt: skip
+
     def _on_hook_done(self, message: HookDone, now: float) -> None:
         self._hook_done(message.errors)
 
@@ -231,7 +202,7 @@ class RunSupervisor(SteerableActor, MuxActor):
             self.cell.state = self.machine.state
         except BaseException as again:  # noqa: BLE001 - last resort: settle the host's future
             self._log.error("supervisor_abort_failed", exc_info=again)
-            self.cell.fail(error)
+            self.outcome_published(self.cell.fail(error))
 
     def stopping(self) -> None:
         """On stop: cancel timers; in-flight work of a live run is abandoned."""
@@ -248,16 +219,21 @@ class RunSupervisor(SteerableActor, MuxActor):
 
     def decide(self, model_call: int, view: RunView, deadline: float) -> None:
         """Run the agent's decide on a worker (or the event loop for `async def decide`)."""
+        scope = self.cell.scope.child(deadline)
+        view = dataclasses.replace(view, call=ModelCallContext(model_call, scope, self.actor_ref))
         job = DecideJob(
             self.agent, view, self.accept, self.actor_ref, model_call, self.services.clock
         )
-        work = _Work(job, self.cell.scope.child(deadline), model_call)
+        work = _Work(job, scope, model_call)
         self._work[MODEL_KEY] = work
         if self._async_decide:
             started = self.services.clock.now()
-            work.handle = self.services.aloop.submit(
+            handle = work.handle = self.services.aloop.submit(
                 job.coroutine, lambda value, exc: job.report(started, value, exc)
             )
+            # A cancel or an interrupt reaches the coroutine at once: its HTTP request is
+            # closed (the provider stops billing) instead of running on until abandoned.
+            scope.on_cancel(lambda _reason: handle.cancel())
         elif not self.services.pool.submit(job):
             job.report(self.services.clock.now(), None, RuntimeError("the runtime is shut down"))
 
@@ -293,6 +269,16 @@ class RunSupervisor(SteerableActor, MuxActor):
                 return True
         return False
 
+    def _tool_emitter(self, call_id: str) -> Callable[[str, dict[str, Any], bool], None]:
+        """`ToolContext.emit` of one call: a `LiveEvent` told to this supervisor."""
+        ref = self.actor_ref
+
+        def emit(name: str, data: dict[str, Any], live: bool) -> None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                tell_now(ref, LiveEvent(EventKind.CUSTOM, {**data, "live": live}, call_id=call_id))
+
+        return emit
+
     def _start_call(self, tool: Tool[Any, Any], job: CallJob) -> None:
         services = self.services
         scope = self.cell.scope.child(job.deadline)
@@ -306,6 +292,7 @@ class RunSupervisor(SteerableActor, MuxActor):
             deadline=job.deadline,
             scope=scope,
             now=services.clock.now,
+            emit=self._tool_emitter(job.call_id),
         )
         tool_job = ToolJob(tool, job.arguments, ctx, self.actor_ref)
         work = _Work(tool_job, scope, job.attempt)
@@ -334,7 +321,7 @@ class RunSupervisor(SteerableActor, MuxActor):
     def start_child(self, job: ChildJob) -> None:
         """Start (or resume) the child run of a subagent call (R3: its own run id)."""
         self._children[job.call_id] = job.run_id
-        self.services.start_child(self, job)
+        self.services.host.start_child(self.cell, job)
 
     def cancel_work(self, key: str, reason: str) -> None:
         """Signal a call's (or the model call's) cancel scope; async work is cancelled too.
@@ -343,7 +330,7 @@ class RunSupervisor(SteerableActor, MuxActor):
         """
         child = self._children.get(key)
         if child is not None:
-            self.services.cancel_child(child, reason)
+            self.services.host.cancel_child(child, reason)
             return
         work = self._work.get(key)
         if work is not None:
@@ -363,7 +350,7 @@ class RunSupervisor(SteerableActor, MuxActor):
         """Stop waiting for work that did not stop; its worker is never reused (T3)."""
         child = self._children.pop(key, None)
         if child is not None:
-            self.services.cancel_child(child, "abandoned by its parent")
+            self.services.host.cancel_child(child, "abandoned by its parent")
             return
         work = self._work.pop(key, None)
         if work is None:
@@ -397,7 +384,7 @@ class RunSupervisor(SteerableActor, MuxActor):
             handle.cancel()
 
     def emit(self, kind: EventKind, phase: Phase | None, data: dict[str, Any]) -> None:
-        """Append to the event stream; fire the hooks of this moment on the hook worker."""
+        """Append to the event stream; fire the hooks of this moment on a hook worker."""
         cell = self.cell
         if kind is EventKind.APPROVAL_REQUESTED:
             cell.approval_requested(
@@ -489,8 +476,9 @@ class RunSupervisor(SteerableActor, MuxActor):
         self.cell.state = outcome.state
         self.cell.close_approvals()
         # Leave the directory first: once result() returns, the run is no longer live.
-        self.services.run_ended(self.cell.run_id)
+        self.services.host.run_ended(self.cell.run_id)
         self.cell.settle(outcome)
+        self.outcome_published(outcome)
         if self._hooks_pending:
             self.services.hooks_draining.enter()
             self._draining = True
@@ -544,6 +532,27 @@ class RunSupervisor(SteerableActor, MuxActor):
             self.services.hooks_draining.leave()
         self.actor_ref.stop(block=False)  # queued: handled after this message
 
+    def outcome_published(self, outcome: RunOutcome) -> None:
+        """The run's outcome is settled on its cell. A top-level run tells nobody else."""
+
+    # ------------------------------------------------------------------ Parkable
+
+    def inbox_empty(self) -> bool:
+        """Whether no message waits in this actor's inbox."""
+        return self.actor_inbox.empty()
+
+    def parked_state(self) -> tuple[float | None, dict[str, dict[str, Any]]]:
+        """The run's deadline and the validated arguments of its unfinished calls.
+
+        The store holds secrets only as references, so a woken run gets these from memory.
+        """
+        machine = self.machine
+        return machine.deadline, {c.call_id: c.arguments for c in machine.plan if c.result is None}
+
+    def stop_parked(self) -> None:
+        """Stop without waiting: the run now lives in the store until its next message."""
+        self.actor_ref.stop(block=False)
+
 
 _HANDLERS: dict[type, Callable[[RunSupervisor, Any, float], None]] = {
     ToolDone: RunSupervisor._on_tool_done,
@@ -554,6 +563,7 @@ _HANDLERS: dict[type, Callable[[RunSupervisor, Any, float], None]] = {
     CancelNow: RunSupervisor._on_cancel_now,
     Stored: RunSupervisor._on_stored,
     HookDone: RunSupervisor._on_hook_done,
+    LiveEvent: RunSupervisor._on_live,
     Begin: RunSupervisor._on_begin,
 }
 """One handler per message type: a dict lookup, not a chain of isinstance checks."""

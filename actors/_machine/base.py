@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from steerable.protocol import (
     AgentError,
@@ -17,6 +17,7 @@ from steerable.protocol import (
     CapabilitySnapshot,
     Compatibility,
     ErrorCode,
+    EventKind,
     ForkOrigin,
     HostMessage,
     Phase,
@@ -27,15 +28,11 @@ from steerable.protocol import (
     ToolSpec,
     TranscriptEntry,
     Usage,
+    UserMessage,
     WaitingFor,
 )
 
 from .effects import Effects
-
-if TYPE_CHECKING:
-    from .inbox import Inbox
-    from .meter import Meter
-    from .plan import PlanState
 from .stage import Stage
 
 __all__ = [
@@ -197,20 +194,34 @@ class MachineBase:
     revision: int
     _checkpointed_len: int
 
-    _meter: Meter
+    model_calls: int
+    steps: int
+    decisions: int
+    usage: Usage
+    _model_retries: int
     _model_in_flight: bool
     _model_discarded: bool
     _reason_started: float
+    _exec_started: float
 
-    _inbox: Inbox
-    _plan: PlanState
+    last_seq: int
+    _pending: list[HostMessage]
+    plan: list[Call]
+    _running: int
+    _interrupting: bool
     _cancel_reason: str | None
     deadline: float | None
 
+    _m: dict[str, Any]
+    _phase_seconds: dict[str, float]
+    _started_at: float
+    _now: float
     _deadline_left: float | None
     _parked_revision: int
     _holding: bool
+    _unseen: tuple[UserMessage, ...]
     _fork_waits: bool
+    _call_ids: set[str] | None
     _deadline_passed: bool
 
     # Loop methods the other parts call (defined in `_machine.py`).
@@ -232,8 +243,35 @@ class MachineBase:
     def _maybe_finish_cancel(self, now: float) -> None:
         raise NotImplementedError
 
+    def _retry_model(self, error: AgentError, now: float) -> bool:
+        raise NotImplementedError
+
     def _end_by_deadline(self, now: float) -> None:
         raise NotImplementedError
+
+    def _record(self, error: AgentError, phase: Phase | None = None, **event: Any) -> None:
+        """R6: every error is recorded on the run, in order, and is an `error` event."""
+        self.errors.append(error)
+        self.fx.emit(
+            EventKind.ERROR, phase, {"code": error.code.value, "message": error.message, **event}
+        )
+
+    def _record_result(
+        self, result: ToolResult | SubagentResult, phase: Phase | None, *, silent: bool = False
+    ) -> None:
+        """Record the error of a call's result (if it failed), naming the call.
+
+        `silent`: on restore, which emits nothing (the error's event was the crashed run's).
+        """
+        error = result.error
+        if error is None:
+            return
+        tool = result.tool if isinstance(result, ToolResult) else result.agent
+        error = call_error(result.call_id, tool, error)
+        if silent:
+            self.errors.append(error)
+        else:
+            self._record(error, phase, call_id=result.call_id)
 
     def _add_phase(self, phase: Phase, seconds: float) -> None:
         raise NotImplementedError
@@ -260,47 +298,9 @@ class MachineBase:
         raise NotImplementedError
 
     @property
-    def steps(self) -> int:
-        """Tool steps used (R27), children's included."""
-        return self._meter.steps
-
-    @property
-    def model_calls(self) -> int:
-        """Model calls started, children's included."""
-        return self._meter.model_calls
-
-    @property
-    def decisions(self) -> int:
-        """Decisions recorded."""
-        return self._meter.decisions
-
-    @property
-    def usage(self) -> Usage:
-        """Tokens used, children's included."""
-        return self._meter.usage
-
-    @property
-    def last_seq(self) -> int:
-        """The highest host-message seq the run has accepted."""
-        return self._inbox.last_seq
-
-    @property
-    def plan(self) -> list[Call]:
-        """The calls of the current plan, in step order (empty between plans)."""
-        return self._plan.calls
-
-    @property
     def in_flight(self) -> bool:
         """Whether a model call or a tool call is under way."""
-        return self._stage is not Stage.DONE and (self._model_in_flight or self._plan.running > 0)
+        return self._model_in_flight or self._running > 0
 
     def _note(self, text: str, **data: Any) -> None:
-        raise NotImplementedError
-
-    def _record(self, error: AgentError, phase: Phase | None = None, **event: Any) -> None:
-        raise NotImplementedError
-
-    def _record_result(
-        self, result: ToolResult | SubagentResult, phase: Phase | None, *, silent: bool = False
-    ) -> None:
         raise NotImplementedError

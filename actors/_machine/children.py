@@ -20,6 +20,7 @@ from steerable.protocol import (
     RunState,
     SubagentCall,
     SubagentResult,
+    Usage,
 )
 
 from .base import Call, MachineBase
@@ -156,7 +157,7 @@ class ChildrenMixin(MachineBase):
 
     def child_done(self, call_id: str, outcome: RunOutcome, now: float) -> None:
         """A child run reached its terminal state: its result enters the parent (R7)."""
-        self._meter.tick(now)
+        self._now = now
         call = self._find(call_id)
         if (
             self._stage_done()
@@ -164,12 +165,16 @@ class ChildrenMixin(MachineBase):
             or call.kind != "subagent"
             or call.status is not CallStatus.RUNNING
         ):
-            self._meter.count("late_results_dropped")
+            self._m["late_results_dropped"] += 1
             return
         metrics = outcome.metrics
         # Subagent usage counts toward the parent's budgets (docs/contract.md, "Budgets at
         # the edge").
-        self._meter.roll_up(metrics)
+        self.steps += metrics.steps
+        self.model_calls += metrics.model_calls
+        self.usage = self.usage + Usage(
+            input_tokens=metrics.input_tokens, output_tokens=metrics.output_tokens
+        )
         self._finish_child(call, outcome, now)
 
     def _finish_child(self, call: Call, outcome: RunOutcome, now: float) -> None:
@@ -203,6 +208,8 @@ class ChildrenMixin(MachineBase):
     def _record_child(
         self, call: Call, result: SubagentResult, now: float, *, advance: bool = True
     ) -> None:
+        if call.status is CallStatus.RUNNING:
+            self._running -= 1
         call.status = CallStatus.DONE
         call.result = result
         self._record_result(result, Phase.EXECUTE)

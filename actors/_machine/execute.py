@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Secret, SecretBytes, SecretStr
-
 from steerable.protocol import (
     AgentError,
     ApprovalDecision,
@@ -19,38 +17,51 @@ from steerable.protocol import (
     RunState,
     SideEffect,
     SubagentCall,
+    SubagentResult,
     ToolCall,
     ToolResult,
     WaitingFor,
 )
+from steerable.protocol._frozen import FrozenDict
 from steerable.protocol._ids import call_id as make_call_id
 from steerable.protocol._ids import idempotency_key
-from steerable.protocol.codec import redact
 
 from .base import (
     MODEL_KEY,
     PLAN_KEY,
+    RUN_KEY,
     Call,
     MachineBase,
+    Stage,
     call_error,
     cancelled,
     jitter_unit,
 )
 from .children import ChildrenMixin
 from .effects import CallJob, TimerKind
-from .stage import Stage
+from .recording import checked_arguments, recorded_arguments
 
 __all__ = ["ExecutionMixin"]
 
-_SECRETS = (SecretStr, SecretBytes, Secret)
+_RESERVED_KEYS = frozenset({MODEL_KEY, RUN_KEY, PLAN_KEY, "hooks"})
+"""Work and timer keys of the run itself: never a call id."""
 
 
 class ExecutionMixin(ChildrenMixin, MachineBase):
-    """The run machine's plan execution (see `RunMachine`)."""
+    """The run machine's plan execution (see `RunMachine`).
+
+    A plan's cost is linear in its steps (docs/reliability.md, "Hostile values"): calls are
+    found by id through an index, and dispatching resumes from a cursor before which no call
+    is pending, instead of scanning the whole plan on every result.
+    """
+
+    # Built for (and kept with) one plan list; replaced when the plan is.
+    _plan_index: tuple[list[Call], dict[str, Call]] | None = None
+    _scan: tuple[list[Call], int] | None = None
 
     def pending_approvals(self) -> list[Call]:
         """Calls of the current plan waiting for a person."""
-        return self._plan.pending_approvals()
+        return [c for c in self.plan if c.status is CallStatus.AWAITING_APPROVAL]
 
     def _interrupt(self, now: float) -> None:
         if self._model_in_flight and not self._model_discarded:
@@ -59,8 +70,8 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             self.fx.schedule(
                 TimerKind.GRACE, MODEL_KEY, self.model_calls, now + self.config.cancel_grace
             )
-        elif self._stage is Stage.EXECUTING and not self._plan.interrupting:
-            self._plan.interrupt()
+        elif self._stage is Stage.EXECUTING and not self._interrupting:
+            self._interrupting = True
             for call in self.plan:
                 unstarted = call.status in (CallStatus.PENDING, CallStatus.AWAITING_APPROVAL)
                 if unstarted or call.retry_pending:
@@ -68,7 +79,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 elif call.status is CallStatus.RUNNING:
                     call.cancel_reason = "interrupt"
                     self.fx.cancel_work(call.call_id, "interrupt")
-            if self._plan.running:
+            if self._running:
                 self.fx.schedule(TimerKind.GRACE, PLAN_KEY, 0, now + self.config.cancel_grace)
             if self.state is RunState.WAITING and not self.pending_approvals():
                 # The approvals it waited for were cancelled with the plan.
@@ -88,6 +99,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         if msg.approved:
             call.status = CallStatus.PENDING
             call.needs_approval = False
+            self._scan = None  # a call before the dispatch cursor is pending again
         else:
             error = AgentError.of(
                 ErrorCode.APPROVAL_DENIED,
@@ -114,18 +126,23 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             return
         self.fx.emit(EventKind.PLANNING_STARTED, Phase.PLAN, {"steps": len(plan.steps)})
         calls: list[Call] = []
+        recorded: list[dict[str, Any] | None] = []
         executable = 0
         children = 0
+        taken = self._taken_call_ids(plan)
         for index, step in enumerate(plan.steps):
-            cid = make_call_id(self.decisions, index)
+            cid = self._call_id(step.id, index, taken)
             key = idempotency_key(self.run_id, cid)
             if isinstance(step, SubagentCall):
                 call = self._plan_subagent(index, cid, key, step, children)
                 children += call.status is CallStatus.PENDING
+                recorded.append(None)
             else:
-                call, ok = self._plan_call(index, cid, key, step)
+                call, ok, arguments = self._plan_call(index, cid, key, step)
                 executable += ok
+                recorded.append(arguments)
             calls.append(call)
+        self._record_decision(plan, calls, recorded)
         steps_left = self.config.max_steps - self.steps
         if executable > steps_left:
             # No half-run plans (docs/contract.md "Budgets at the edge").
@@ -133,13 +150,13 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 "max_steps", self.config.max_steps, planned=executable, steps_left=steps_left
             )
             return
-        self._redact_decision(plan, calls)
         short = self._reserve(calls, executable)
         if short is not None:
             # Children cannot get a share of a budget that is used up: no half-run plans.
             self._exhaust(short, getattr(self.config, short), planned_children=children)
             return
-        self._plan.begin(calls, now)
+        self.plan = calls
+        self._interrupting = False
         approvals = [c for c in calls if c.status is CallStatus.AWAITING_APPROVAL]
         self.fx.emit(
             EventKind.PLANNING_FINISHED,
@@ -148,6 +165,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         )
         self._checkpoint()
         self._enter(Stage.EXECUTING)
+        self._exec_started = now
         self.fx.emit(EventKind.EXECUTE_STARTED, Phase.EXECUTE, {"calls": len(calls)})
         for call in approvals:
             self.fx.emit(
@@ -160,38 +178,98 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             self._set_state(RunState.WAITING, approvals=len(approvals))
         self._after_call(now)
 
-    def _redact_decision(self, plan: Plan, calls: list[Call]) -> None:
-        """R26: an argument the tool declares secret never reaches the transcript in clear.
+    def _taken_call_ids(self, current: Plan) -> set[str]:
+        """Every call id this run has used; built from the transcript once per machine.
 
-        The agent may pass a credential as a plain string to a `SecretStr` parameter; the
-        validated call holds the secret, and the recorded decision gets its reference.
+        Built lazily so that a resumed or forked run (a new machine) knows the ids of its
+        history without the checkpoint having to carry them.
         """
-        secret = [any(isinstance(v, _SECRETS) for v in c.arguments.values()) for c in calls]
-        if not any(secret):
+        taken = self._call_ids
+        if taken is None:
+            taken = set(_RESERVED_KEYS)
+            for entry in self.transcript:
+                if isinstance(entry, ToolResult | SubagentResult):
+                    taken.add(entry.call_id)
+                elif (
+                    isinstance(entry, DecisionEntry)
+                    and isinstance(entry.decision, Plan)
+                    and entry.decision is not current  # the decision being planned now
+                ):
+                    taken.update(s.id for s in entry.decision.steps if s.id is not None)
+            self._call_ids = taken
+        return taken
+
+    def _call_id(self, own: str | None, index: int, taken: set[str]) -> str:
+        """The id a step runs under: the model's own if it is new to the run, else assigned.
+
+        Ids must be unique in the run: timers, work and late results are keyed by them, and
+        idempotency keys derive from them. A model that reuses ids (some servers number
+        calls per response) gets the runtime's `c<decision>.<index>` instead; the decision
+        entry records whichever id was used.
+        """
+        if own is not None and own not in taken:
+            taken.add(own)
+            return own
+        cid = make_call_id(self.decisions, index)
+        suffix = 0
+        while cid in taken:  # only after a model chose an id shaped like the runtime's
+            suffix += 1
+            cid = f"{make_call_id(self.decisions, index)}.{suffix}"
+        taken.add(cid)
+        return cid
+
+    def _record_decision(
+        self, plan: Plan, calls: list[Call], recorded: list[dict[str, Any] | None]
+    ) -> None:
+        """Record the decision with each step's call id and its arguments as
+        `recorded_arguments` made them (frozen, secrets redacted).
+
+        Done before the plan can end any way (accepted, invalid, over budget): what the
+        transcript keeps is storable and holds no secret in clear (R26).
+        """
+        steps = plan.steps
+        unchanged = [
+            step.id == call.call_id
+            and (r is None or not isinstance(step, ToolCall) or r is step.arguments)
+            for step, call, r in zip(steps, calls, recorded, strict=True)
+        ]
+        if all(unchanged):
             return
-        steps: list[ToolCall | SubagentCall] = []
-        for step, call, has_secret in zip(plan.steps, calls, secret, strict=True):
-            if has_secret and isinstance(step, ToolCall):
-                arguments = {
-                    k: redact(call.arguments[k])
-                    if isinstance(call.arguments.get(k), _SECRETS)
-                    else v
-                    for k, v in step.arguments.items()
-                }
-                steps.append(ToolCall(name=step.name, arguments=arguments))
-            else:
-                steps.append(step)
+        new_steps = tuple(
+            step
+            if same
+            else step.model_copy(update={"id": call.call_id})
+            if r is None or not isinstance(step, ToolCall)
+            else step.model_copy(update={"arguments": r, "id": call.call_id})  # r is frozen
+            for step, call, r, same in zip(steps, calls, recorded, unchanged, strict=True)
+        )
         entry = self.transcript[-1]
         assert isinstance(entry, DecisionEntry)
         self.transcript[-1] = DecisionEntry(
-            model_call=entry.model_call, decision=plan.model_copy(update={"steps": tuple(steps)})
+            model_call=entry.model_call, decision=plan.model_copy(update={"steps": new_steps})
         )
 
-    def _plan_call(self, index: int, cid: str, key: str, step: ToolCall) -> tuple[Call, bool]:
-        """Turn one plan step into a call; unknown tools and bad arguments resolve at once."""
+    def _plan_call(
+        self, index: int, cid: str, key: str, step: ToolCall
+    ) -> tuple[Call, bool, dict[str, Any]]:
+        """Turn one plan step into a call; unknown tools and bad arguments resolve at once.
+
+        Returns the call, whether it will execute, and the arguments to record for it.
+        """
         tool = self.tools.get(step.name)
+        spec = None if tool is None else tool.spec
+        problem = checked_arguments(step.name, step.arguments, validated=False)
+        if problem is not None:
+            # Nothing of them can be stored: the call records none, the error says why.
+            call = Call(index, cid, "tool", step.name, {}, key, spec)
+            self._resolve_now(
+                call,
+                AgentError.of(ErrorCode.INVALID_ARGUMENTS, problem, tool=step.name, call_id=cid),
+            )
+            return call, False, FrozenDict()
         if tool is None:
-            call = Call(index, cid, "tool", step.name, dict(step.arguments), key, None)
+            recorded = recorded_arguments(None, step.arguments, None)
+            call = Call(index, cid, "tool", step.name, dict(recorded), key, None)
             self._resolve_now(
                 call,
                 AgentError.of(
@@ -202,27 +280,39 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                     available=sorted(self.tools),
                 ),
             )
-            return call, False
+            return call, False, recorded
+        error: AgentError | None = None
         try:
             arguments = tool.validate(step.arguments)
         except Exception as exc:  # noqa: BLE001 - any validator failure is the agent's bad input
-            error = getattr(exc, "error", None)
-            if not isinstance(error, AgentError):
-                error = AgentError.of(ErrorCode.INVALID_ARGUMENTS, str(exc), tool=step.name)
-            call = Call(index, cid, "tool", step.name, dict(step.arguments), key, tool.spec)
+            found = getattr(exc, "error", None)
+            error = (
+                found
+                if isinstance(found, AgentError)
+                else AgentError.of(ErrorCode.INVALID_ARGUMENTS, str(exc), tool=step.name)
+            )
+        else:
+            problem = checked_arguments(step.name, arguments, validated=True)
+            if problem is not None:  # a validator made something no store can keep
+                error = AgentError.of(
+                    ErrorCode.INVALID_ARGUMENTS, problem, tool=step.name, call_id=cid
+                )
+        if error is not None:
+            recorded = recorded_arguments(spec, step.arguments, None)
+            call = Call(index, cid, "tool", step.name, dict(recorded), key, spec)
             self._resolve_now(call, error)
-            return call, False
-        call = Call(index, cid, "tool", step.name, arguments, key, tool.spec)
+            return call, False, recorded
+        call = Call(index, cid, "tool", step.name, arguments, key, spec)
         if call.needs_approval:
             call.status = CallStatus.AWAITING_APPROVAL
-        return call, True
+        return call, True, recorded_arguments(spec, step.arguments, arguments)
 
     def _resolve_now(self, call: Call, error: AgentError) -> None:
         call.status = CallStatus.DONE
         call.result = result = ToolResult(
             call_id=call.call_id, tool=call.name, ok=False, error=error, attempts=0
         )
-        self._meter.count("tool_errors")
+        self._m["tool_errors"] += 1
         self._record_result(result, Phase.PLAN)
         self.fx.journal(result)
 
@@ -236,28 +326,37 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         if self._stage is not Stage.EXECUTING:
             return
         limit = self.config.max_parallel_tools
-        plan = self._plan
-        if not plan.interrupting and self._cancel_reason is None:
-            running = plan.running
-            for call in plan.calls:
-                if running >= limit:
-                    break
-                if call.status is CallStatus.PENDING and call.kind == "subagent":
+        if not self._interrupting and self._cancel_reason is None:
+            plan = self.plan
+            scan = self._scan
+            i = scan[1] if scan is not None and scan[0] is plan else 0
+            settled = i  # no call before `settled` is pending
+            while i < len(plan) and self._running < limit:
+                call = plan[i]
+                i += 1
+                if call.status is not CallStatus.PENDING:
+                    if settled == i - 1:
+                        settled = i
+                    continue
+                if settled == i - 1:
+                    settled = i  # dispatched below: no longer pending
+                if call.kind == "subagent":
                     call.status = CallStatus.RUNNING
-                    running += 1
+                    self._running += 1
                     call.first_dispatch = now
                     self._start_child(call, now)
-                elif call.status is CallStatus.PENDING:
+                else:
                     call.status = CallStatus.RUNNING
-                    running += 1
+                    self._running += 1
                     if not call.counted:  # a re-dispatch after a crash is the same step
                         call.counted = True
-                        self._meter.step()  # R27: a validated, approved execution is one tool step
+                        self.steps += 1  # R27: a validated, approved execution is one tool step
                     call.first_dispatch = now
                     self._dispatch_attempt(call, now)
-        if plan.running:
+            self._scan = (plan, settled)
+        if self._running:
             return
-        if plan.all_done():
+        if all(c.status is CallStatus.DONE for c in self.plan):
             self._plan_complete(now)
         elif self.state is RunState.WAITING and self._parked_revision != self.revision:
             # Only approvals are left: a safe boundary where the run waits for a person.
@@ -290,7 +389,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         spec = call.spec
         if not error.retryable or spec is None or spec.side_effect is SideEffect.WRITE:
             return False
-        if self._plan.interrupting or self._cancel_reason is not None or call.cancel_reason:
+        if self._interrupting or self._cancel_reason is not None or call.cancel_reason:
             return False
         retry = call.attempt  # the retry about to happen is number `attempt`
         policy = self.config.retry
@@ -299,7 +398,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         at = now + policy.delay(retry, jitter_unit(call.key, retry))
         if self.deadline is not None and at >= self.deadline:
             return False
-        self._meter.count("retries")
+        self._m["retries"] += 1
         self._record(
             call_error(call.call_id, call.name, error, retried=True, attempt=call.attempt),
             Phase.EXECUTE,
@@ -332,6 +431,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         call.status = CallStatus.DONE
         call.retry_pending = False
         if previous is CallStatus.RUNNING:
+            self._running -= 1
             self.fx.unschedule(TimerKind.TOOL_TIMEOUT, call.call_id)
             self.fx.unschedule(TimerKind.TOOL_RETRY, call.call_id)
         elif (
@@ -356,7 +456,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         )
         call.result = result
         if error is not None:
-            self._meter.count("tool_errors")
+            self._m["tool_errors"] += 1
             self._record_result(result, Phase.EXECUTE)
         self.fx.journal(result)
         self.fx.emit(
@@ -413,13 +513,14 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         for call in self.plan:
             if call.result is not None:
                 self.transcript.append(call.result)
-        self._add_phase(Phase.EXECUTE, now - self._plan.exec_started)
+        self._add_phase(Phase.EXECUTE, now - self._exec_started)
         self.fx.emit(
             EventKind.EXECUTE_FINISHED,
             Phase.EXECUTE,
-            {"calls": len(self.plan), "interrupted": self._plan.interrupting},
+            {"calls": len(self.plan), "interrupted": self._interrupting},
         )
-        self._plan.clear()
+        self.plan = []
+        self._interrupting = False
         self._enter(Stage.IDLE)
         if self.state is RunState.WAITING:
             self.waiting_for = None
@@ -427,4 +528,8 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         self._boundary(now)
 
     def _find(self, call_id: str) -> Call | None:
-        return self._plan.find(call_id)
+        plan = self.plan
+        index = self._plan_index
+        if index is None or index[0] is not plan or len(index[1]) != len(plan):
+            index = self._plan_index = (plan, {call.call_id: call for call in plan})
+        return index[1].get(call_id)

@@ -35,10 +35,10 @@ from steerable.protocol import (
     RunConfig,
     RunState,
     SteeringMode,
-    SubagentResult,
     SystemNote,
-    ToolResult,
+    ToolSpec,
     TranscriptEntry,
+    Usage,
     UserMessage,
     WaitingFor,
 )
@@ -49,16 +49,13 @@ from .base import (
     MODEL_KEY,
     PLAN_KEY,
     RUN_KEY,
+    Call,
     ToolLike,
-    call_error,
     cancelled,
 )
 from .effects import Effects, TimerKind
 from .execute import ExecutionMixin
-from .inbox import Inbox
-from .meter import Meter
 from .persist import PersistenceMixin
-from .plan import PlanState
 from .stage import Stage, check_stage
 from .stopping import StoppingMixin
 
@@ -111,7 +108,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         subagents: Names of the agents this run may start as subagents.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0915 - one assignment per field of the run's state
         self,
         fx: Effects,
         *,
@@ -162,29 +159,55 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self.revision = -1
         self._checkpointed_len = 0
 
-        self._meter = Meter()  # budgets, counters, phase seconds, the run's clock
+        self.model_calls = 0
+        self.steps = 0
+        self.decisions = 0
+        self.usage = Usage()
+        self._model_retries = 0
         self._model_in_flight = False
         self._model_discarded = False
         self._reason_started = 0.0
+        self._exec_started = 0.0
 
-        self._inbox = Inbox()  # seq order, exactly once, delivery at boundaries
-        self._plan = PlanState()  # the calls; how many run is derived from them
+        self.last_seq = -1
+        self._pending: list[HostMessage] = []  # accepted, not yet applied, in seq order
+        self.plan: list[Call] = []
+        self._running = 0
+        self._interrupting = False
         self._cancel_reason: str | None = None
         self.deadline: float | None = None
 
+        self._m: dict[str, Any] = {
+            "retries": 0,
+            "tool_errors": 0,
+            "messages_delivered": 0,
+            "checkpoints": 0,
+            "late_results_dropped": 0,
+        }
+        self._phase_seconds: dict[str, float] = {}
+        self._started_at = 0.0
+        self._now = 0.0
         self._deadline_left: float | None = None
         self._parked_revision = -2
         self._holding = False
+        self._unseen: tuple[UserMessage, ...] = ()
         self._fork_waits = False
         self._deadline_passed = False  # restored: a journaled result says the deadline fired
         self.subagents = frozenset(subagents)
         self.children_started = 0
         self.forked_from: ForkOrigin | None = None
+        self._call_ids: set[str] | None = None  # every call id used; see _taken_call_ids
+        self._view_caps: tuple[tuple[ToolSpec, ...], tuple[str, ...]] | None = None
 
     @property
     def is_terminal(self) -> bool:
         """Whether the run has reached a terminal state."""
         return self.state.is_terminal
+
+    @property
+    def model_in_flight(self) -> int | None:
+        """The number of the model call in flight, or None."""
+        return self.model_calls if self._model_in_flight else None
 
     def _stage_done(self) -> bool:
         return self._stage is Stage.DONE
@@ -206,7 +229,8 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         """Begin the run: the first boundary, then the first model call."""
         if self.state is not RunState.IDLE:
             return
-        self._meter.start(now)
+        self._started_at = now
+        self._now = now
         if self.config.total_timeout is not None:
             self.deadline = now + self.config.total_timeout
             self.fx.schedule(TimerKind.RUN_DEADLINE, RUN_KEY, 0, self.deadline)
@@ -220,9 +244,10 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
 
     def host(self, msg: HostMessage, now: float) -> None:
         """A host message accepted into the inbox (already stored if the store is durable)."""
-        self._meter.tick(now)
-        if not self._inbox.accept(msg.seq):
+        self._now = now
+        if msg.seq <= self.last_seq:
             return  # a duplicate wake-up of a message already applied (exactly once)
+        self.last_seq = msg.seq
         if self.state.is_terminal:
             return
         if isinstance(msg, CancelRequest):
@@ -251,15 +276,15 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             elapsed: Seconds the call took.
             now: Monotonic time.
         """
-        self._meter.tick(now)
+        self._now = now
         if self._stage is Stage.DONE or not self._model_in_flight or model_call != self.model_calls:
-            self._meter.count("late_results_dropped")
+            self._m["late_results_dropped"] += 1
             return
         self._model_in_flight = False
         self.fx.unschedule(TimerKind.MODEL_TIMEOUT, MODEL_KEY)
         self._add_phase(Phase.REASON, elapsed)
         if decision is not None and (decision.usage.input_tokens or decision.usage.output_tokens):
-            self._meter.add_usage(decision.usage)
+            self.usage = self.usage + decision.usage
         if self._stage is Stage.CANCELLING:
             self._maybe_finish_cancel(now)
             return
@@ -279,11 +304,18 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
                 Phase.REASON,
                 {"model_call": model_call, "error": err.code.value},
             )
+            # A retryable model-side failure (a provider's 429 or 5xx, a decide raising
+            # RetryableToolError) gets a new model call under the run's RetryPolicy.
+            if err.retryable:
+                self._enter(Stage.IDLE)
+                if self._retry_model(err, now):
+                    return
             self._terminate(RunState.ERROR, err)
             return
-        self._meter.decided()
+        self._model_retries = 0
+        self.decisions += 1
         self.transcript.append(DecisionEntry(model_call=model_call, decision=decision))
-        self._inbox.answered()  # the agent has decided with them
+        self._unseen = ()  # the agent has decided with them
         self.fx.emit(
             EventKind.REASONING_FINISHED,
             Phase.REASON,
@@ -302,7 +334,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self, call_id: str, attempt: int, value: Any, error: AgentError | None, now: float
     ) -> None:
         """A worker finished attempt `attempt` of call `call_id` (value, or error)."""
-        self._meter.tick(now)
+        self._now = now
         call = self._find(call_id)
         if (
             self._stage is Stage.DONE
@@ -311,7 +343,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             or call.attempt != attempt
             or call.retry_pending  # this attempt already ended (timed out or failed)
         ):
-            self._meter.count("late_results_dropped")
+            self._m["late_results_dropped"] += 1
             return
         self.fx.unschedule(TimerKind.TOOL_TIMEOUT, call_id)
         reason = call.cancel_reason or self._cancel_reason
@@ -326,7 +358,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
 
     def timer(self, kind: TimerKind, key: str, attempt: int, now: float) -> None:
         """A timer fired."""
-        self._meter.tick(now)
+        self._now = now
         if self.state.is_terminal:
             return
         if kind is TimerKind.TOOL_TIMEOUT:
@@ -354,7 +386,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         `RunHandle.cancel` tells this ahead of cancelling the run's scope, so a tool that
         stops on the signal reports after it; the stored `CancelRequest` follows with its seq.
         """
-        self._meter.tick(now)
+        self._now = now
         if self._stage is not Stage.DONE:
             self._on_cancel(reason, now)
 
@@ -364,38 +396,15 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             self.fx.cancel_work(key, "aborted")
             self.fx.abandon_work(key)
         self._model_in_flight = False
+        self._running = 0
         self._terminate(RunState.ERROR, error)
 
     def record_error(self, error: AgentError) -> None:
         """Record an error that does not change the run's course (a hook that raised, R13)."""
         self._record(error)
 
-    def _record(self, error: AgentError, phase: Phase | None = None, **event: Any) -> None:
-        """R6: every error is recorded on the run, in order, and is an `error` event."""
-        self.errors.append(error)
-        self.fx.emit(
-            EventKind.ERROR, phase, {"code": error.code.value, "message": error.message, **event}
-        )
-
-    def _record_result(
-        self, result: ToolResult | SubagentResult, phase: Phase | None, *, silent: bool = False
-    ) -> None:
-        """Record the error of a call's result (if it failed), naming the call.
-
-        `silent`: on restore, which emits nothing (the error's event was the crashed run's).
-        """
-        error = result.error
-        if error is None:
-            return
-        tool = result.tool if isinstance(result, ToolResult) else result.agent
-        error = call_error(result.call_id, tool, error)
-        if silent:
-            self.errors.append(error)
-        else:
-            self._record(error, phase, call_id=result.call_id)
-
     def _on_user(self, msg: UserMessage, now: float) -> None:
-        self._inbox.queue(msg)
+        self._pending.append(msg)
         self.fx.emit(EventKind.MESSAGE_ACCEPTED, None, {"seq": msg.seq, "mode": msg.mode.value})
         if self._stage is Stage.WAITING_USER:
             self.waiting_for = None
@@ -408,7 +417,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
     def _on_finish(self, decision: Finish, verdict: str | None, now: float) -> None:
         if (
             verdict is None
-            and self._inbox.has_user_messages()
+            and any(isinstance(m, UserMessage) for m in self._pending)
             and self.model_calls < self.config.max_model_calls
         ):
             # A person spoke while the agent was concluding: the claim is made without their
@@ -425,7 +434,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self._boundary(now)
 
     def _on_ask(self, decision: AskUser, now: float) -> None:
-        if self._inbox.has_user_messages():
+        if any(isinstance(m, UserMessage) for m in self._pending):
             self._enter(Stage.IDLE)
             self._boundary(now)
             return
@@ -442,14 +451,18 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         # `delivered` is what no decision has answered yet: messages delivered at earlier
         # boundaries whose model call timed out or was interrupted, or that a resume found
         # after the last decision, stay news to the agent.
-        inbox = self._inbox
-        delivered: list[UserMessage] = list(inbox.unseen)
-        for msg in inbox.take():
+        delivered: list[UserMessage] = list(self._unseen)
+        while self._pending:
+            msg = self._pending.pop(0)
             if isinstance(msg, UserMessage):
                 self.transcript.append(msg)
                 delivered.append(msg)
-                self._meter.count("messages_delivered")
-                self.fx.emit(EventKind.MESSAGE_DELIVERED, Phase.OBSERVE, {"seq": msg.seq})
+                self._m["messages_delivered"] += 1
+                self.fx.emit(
+                    EventKind.MESSAGE_DELIVERED,
+                    Phase.OBSERVE,
+                    {"seq": msg.seq, "content": msg.content, "mode": msg.mode.value},
+                )
         if self.model_calls >= self.config.max_model_calls:
             self._exhaust("max_model_calls", self.config.max_model_calls)
             return
@@ -457,15 +470,15 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         if budget is not None and self.usage.total >= budget:
             self._exhaust("token_budget", budget)
             return
-        inbox.delivered(tuple(delivered))
+        self._unseen = tuple(delivered)
         self._checkpoint()
-        self._reason(now, inbox.unseen)
+        self._reason(now, self._unseen)
 
     def _reason(self, now: float, delivered: tuple[UserMessage, ...] = ()) -> None:
         if self.model_calls >= self.config.max_model_calls:
             self._exhaust("max_model_calls", self.config.max_model_calls)
             return
-        self._meter.model_call()
+        self.model_calls += 1
         self._enter(Stage.REASONING)
         self._model_in_flight = True
         self._reason_started = now
@@ -481,8 +494,15 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         cfg = self.config
         seconds_left = None
         if self.deadline is not None:
-            seconds_left = max(0.0, self.deadline - (self._meter.now if now is None else now))
+            seconds_left = max(0.0, self.deadline - (self._now if now is None else now))
         budget = cfg.token_budget
+        caps = self._view_caps
+        if caps is None:
+            tools = self.tools
+            caps = self._view_caps = (
+                tuple(tools[name].spec for name in sorted(tools)),
+                tuple(sorted(self.subagents)),
+            )
         return RunView(
             run_id=self.run_id,
             task=self.task,
@@ -503,6 +523,8 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             parent_run_id=self.parent_run_id,
             session_id=self.session_id,
             task_id=self.task_id,
+            tools=caps[0],
+            subagents=caps[1],
         )
 
     def _exhaust(self, budget: str, limit: int | None, **details: Any) -> None:
@@ -571,4 +593,4 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         return budget is not None and self.usage.total > budget
 
     def _add_phase(self, phase: Phase, seconds: float) -> None:
-        self._meter.add_phase(phase, seconds)
+        self._phase_seconds[phase.value] = self._phase_seconds.get(phase.value, 0.0) + seconds

@@ -22,14 +22,14 @@ from steerable.protocol import (
     StoredRun,
     SubagentResult,
     ToolResult,
+    Usage,
     UserMessage,
     WaitingFor,
 )
 from steerable.protocol._ids import idempotency_key
 
-from .base import RUN_KEY, Call, MachineBase, ToolLike, stopped_by_deadline
+from .base import RUN_KEY, Call, MachineBase, Stage, ToolLike, stopped_by_deadline
 from .effects import TimerKind
-from .stage import Stage
 
 SECRET_REF = "secret:sha256:"
 """How the codec stores a secret (R26); such an argument cannot be restored."""
@@ -56,11 +56,20 @@ class PersistenceMixin(MachineBase):
         return RunMetrics(**self._metrics())
 
     def _metrics(self) -> dict[str, Any]:
-        return self._meter.fields()
+        # Plain data: the checkpoint path builds this twice per iteration (W4).
+        return {
+            "steps": self.steps,
+            "model_calls": self.model_calls,
+            "input_tokens": self.usage.input_tokens,
+            "output_tokens": self.usage.output_tokens,
+            "duration_seconds": max(0.0, self._now - self._started_at),
+            "phase_seconds": dict(self._phase_seconds),
+            **self._m,
+        }
 
     def _checkpoint(self) -> None:
         self.revision += 1
-        self._meter.count("checkpoints")
+        self._m["checkpoints"] += 1
         start = self._checkpointed_len
         entries = self.transcript[start:]
         self._checkpointed_len = len(self.transcript)
@@ -90,7 +99,6 @@ class PersistenceMixin(MachineBase):
         """The run's state as a `RunSnapshot` body (JSON shape), built without validation."""
         waiting = self.waiting_for
         usage = self.usage
-        inbox = self._inbox
         # str(StrEnum) is the value, and far cheaper than `.value` on this hot path.
         return {
             **self._static_fields(),
@@ -99,22 +107,22 @@ class PersistenceMixin(MachineBase):
             "state": str(self.state),
             "waiting_for": None if waiting is None else str(waiting),
             "model_calls": self.model_calls,
-            "model_retries": self._meter.model_retries,
+            "model_retries": self._model_retries,
             "steps": self.steps,
             "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
             "decisions": self.decisions,
             "transcript_len": len(self.transcript),
-            "last_seq": inbox.last_seq,
-            "delivered_seq": inbox.delivered_seq,
-            "pending_messages": [m.model_dump(mode="json") for m in inbox.pending]
-            if inbox.pending
+            "last_seq": self.last_seq,
+            "delivered_seq": self.last_seq - len(self._pending),
+            "pending_messages": [m.model_dump(mode="json") for m in self._pending]
+            if self._pending
             else [],
             "plan": [c.snapshot() for c in self.plan],
             "errors": [e.model_dump(mode="json") for e in self.errors] if self.errors else [],
             "output": self.output,
             "metrics": self._metrics(),
             # Signed: an overdue deadline stays overdue on resume (its timer fires at once).
-            "deadline_left": None if self.deadline is None else self.deadline - self._meter.now,
+            "deadline_left": None if self.deadline is None else self.deadline - self._now,
             "updated_at": self.created_at,
         }
 
@@ -141,11 +149,19 @@ class PersistenceMixin(MachineBase):
         snap = stored.snapshot
         self.transcript = list(stored.transcript)
         self._checkpointed_len = 0 if fork is not None else len(self.transcript)
-        self._meter.restore(snap)
+        self.model_calls = snap.model_calls
+        self._model_retries = snap.model_retries
+        self.steps = snap.steps
+        self.decisions = snap.decisions
+        self.usage = snap.usage
+        metrics = snap.metrics
+        for key in self._m:
+            self._m[key] = getattr(metrics, key)
+        self._phase_seconds = dict(metrics.phase_seconds)
         self.forked_from = fork if fork is not None else snap.forked_from
         self._static_cache = None
         if fork is not None:
-            self._plan.restore([self._fresh_call(pc) for pc in snap.plan])
+            self.plan = [self._fresh_call(pc) for pc in snap.plan]
             # A fork of a run that waited for its user waits for its own answer.
             self._fork_waits = (
                 snap.state is RunState.WAITING
@@ -159,7 +175,8 @@ class PersistenceMixin(MachineBase):
         self.errors = list(snap.errors)
         self.output = snap.output
         self.revision = snap.revision
-        self._inbox.restore(snap.last_seq, list(snap.pending_messages))
+        self.last_seq = snap.last_seq
+        self._pending = list(snap.pending_messages)
         kept = arguments or {}
         # R6: results journaled after the checkpoint bring their errors back (in step order:
         # the journal keeps results, not the order they came in); errors found on restoring
@@ -168,19 +185,21 @@ class PersistenceMixin(MachineBase):
             result = stored.journal.get(pc.call_id)
             if result is not None and pc.status is not CallStatus.DONE:
                 self._record_result(result, None, silent=True)  # restore does not act
-        self._plan.restore(
-            [
-                self._restored_call(pc, stored.journal.get(pc.call_id), kept.get(pc.call_id))
-                for pc in snap.plan
-            ]
-        )
+        self.plan = [
+            self._restored_call(pc, stored.journal.get(pc.call_id), kept.get(pc.call_id))
+            for pc in snap.plan
+        ]
         self._deadline_left = snap.deadline_left
         # The deadline's results are journaled before its terminal checkpoint: a crash
         # between the two leaves the run's end in the journal only (docs/durability.md).
         self._deadline_passed = any(stopped_by_deadline(c.result) for c in self.plan)
         self._count_children(stored)
         for metrics in (children or {}).values():
-            self._meter.roll_up(metrics)
+            self.steps += metrics.steps
+            self.model_calls += metrics.model_calls
+            self.usage = self.usage + Usage(
+                input_tokens=metrics.input_tokens, output_tokens=metrics.output_tokens
+            )
 
     def _count_children(self, stored: StoredRun) -> None:
         """Children already started count toward `max_children` after a restart too."""
@@ -221,7 +240,7 @@ class PersistenceMixin(MachineBase):
                 # It ran after the checkpoint (which predates its dispatch): charge its step.
                 call.counted = True
                 call.attempt = attempts
-                self._meter.step()
+                self.steps += 1
         elif kept is not None:
             call.arguments = kept
         elif tool is not None and call.status is not CallStatus.DONE:
@@ -292,7 +311,8 @@ class PersistenceMixin(MachineBase):
         A `wake` (the same process reviving a passivated run) announces nothing: the host's
         view of the run (events, pending approvals) never changed.
         """
-        self._meter.start(now)
+        self._started_at = now
+        self._now = now
         if self.state.is_terminal:
             self.fx.settled(self.outcome())
             return
@@ -349,7 +369,7 @@ class PersistenceMixin(MachineBase):
     def _resume_position(self, now: float, *, announce: bool) -> None:
         if self.plan:
             self._enter(Stage.EXECUTING)
-            self._plan.resumed(now)
+            self._exec_started = now
             for call in self.plan:
                 self._settle_restored(call, now, announce=announce)
         elif self.state is RunState.WAITING and self.waiting_for is WaitingFor.USER:
@@ -363,7 +383,7 @@ class PersistenceMixin(MachineBase):
                 break
             if isinstance(entry, UserMessage):
                 unseen.append(entry)
-        self._inbox.delivered(tuple(reversed(unseen)))
+        self._unseen = tuple(reversed(unseen))
         if self.revision < 0 and self._stage is not Stage.IDLE:
             # A fork's first revision holds its copied history before anything runs (and
             # before any write starts: write-ahead).
@@ -402,6 +422,7 @@ class PersistenceMixin(MachineBase):
         if spec is not None and spec.redispatch_safe:
             call.status = CallStatus.PENDING  # re-dispatched with the same key, same step
             return
+        self._running += 1  # _complete counts it back down
         if spec is None:
             error = AgentError.of(
                 ErrorCode.UNKNOWN_TOOL,

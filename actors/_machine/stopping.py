@@ -17,13 +17,16 @@ from .base import (
     PLAN_KEY,
     RUN_KEY,
     MachineBase,
+    Stage,
     cancelled,
     jitter_unit,
 )
 from .effects import TimerKind
-from .stage import Stage
 
 __all__ = ["StoppingMixin"]
+
+_MAX_RETRY_AFTER = 3600.0
+"""A provider's Retry-After beyond an hour is not waited for literally (the deadline rules)."""
 
 
 class StoppingMixin(MachineBase):
@@ -66,13 +69,24 @@ class StoppingMixin(MachineBase):
             self.fx.unschedule(TimerKind.GRACE, MODEL_KEY)  # the interrupt's wait is over
             self._boundary(now)
             return
-        policy = self.config.retry
-        retry = self._meter.model_retry()
-        at = now + policy.delay(retry, jitter_unit(self.run_id, retry))
-        if retry > policy.max_retries or (self.deadline is not None and at >= self.deadline):
+        if not self._retry_model(error, now):
             self._terminate(RunState.ERROR, error)
-            return
-        self._meter.count("retries")
+
+    def _retry_model(self, error: AgentError, now: float) -> bool:
+        """Schedule a new model call after a retryable failure; False when retries ran out.
+
+        The delay is the policy's backoff, never shorter than a provider's `retry_after`
+        (seconds, in the error's details), and never past the run's deadline.
+        """
+        policy = self.config.retry
+        self._model_retries = retry = self._model_retries + 1
+        at = now + policy.delay(retry, jitter_unit(self.run_id, retry))
+        retry_after = error.details.get("retry_after")
+        if isinstance(retry_after, int | float) and not isinstance(retry_after, bool):
+            at = max(at, now + min(float(retry_after), _MAX_RETRY_AFTER))
+        if retry > policy.max_retries or (self.deadline is not None and at >= self.deadline):
+            return False
+        self._m["retries"] += 1
         retried = error.model_copy(
             update={"details": {**error.details, "retried": True, "retry": retry}}
         )
@@ -83,6 +97,7 @@ class StoppingMixin(MachineBase):
             {"code": error.code.value, "retry": retry, "delay": at - now},
         )
         self.fx.schedule(TimerKind.MODEL_RETRY, MODEL_KEY, retry, at)
+        return True
 
     def _on_deadline(self, now: float) -> None:
         for key in self._work_in_flight():
@@ -134,7 +149,7 @@ class StoppingMixin(MachineBase):
             self._enter(Stage.IDLE)
             self._note(f"model call {self.model_calls} was interrupted by a user message")
             self._boundary(now)
-        elif key == PLAN_KEY and self._plan.interrupting and self._stage is Stage.EXECUTING:
+        elif key == PLAN_KEY and self._interrupting and self._stage is Stage.EXECUTING:
             for call in self.plan:
                 if call.status is CallStatus.RUNNING:
                     self.fx.unschedule(TimerKind.TOOL_TIMEOUT, call.call_id)

@@ -110,6 +110,18 @@ def _entry_event(entry: TranscriptEntry) -> tuple[EventKind, Phase | None, dict[
     )
 
 
+def outcome_of(snap: RunSnapshot) -> RunOutcome:
+    """The outcome a terminal checkpoint records."""
+    return RunOutcome(
+        run_id=snap.run_id,
+        state=snap.state,
+        output=snap.output,
+        errors=snap.errors,
+        metrics=snap.metrics,
+        revision=snap.revision,
+    )
+
+
 def replay_of(stored: StoredRun) -> Replay:
     """Build the read-only replay of a loaded revision."""
     snap = stored.snapshot
@@ -127,14 +139,7 @@ def replay_of(stored: StoredRun) -> Replay:
         events.append(_event(snap, len(events), kind, phase, data))
     outcome = None
     if snap.state.is_terminal:
-        outcome = RunOutcome(
-            run_id=snap.run_id,
-            state=snap.state,
-            output=snap.output,
-            errors=snap.errors,
-            metrics=snap.metrics,
-            revision=snap.revision,
-        )
+        outcome = outcome_of(snap)
         events.append(
             _event(snap, len(events), EventKind.RUN_ENDED, None, {"state": snap.state.value})
         )

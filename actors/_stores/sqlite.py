@@ -37,6 +37,7 @@ from .store import (
     RevisionInfo,
     RunSummary,
     StoredRun,
+    check_record,
     join_snapshot,
     not_found,
     split_snapshot,
@@ -86,6 +87,14 @@ def _checked(blob: bytes, crc: int, run_id: str, what: str) -> bytes:
             row=what,
         )
     return blob
+
+
+def _report_refused(refused: list[tuple[Any, ValueError]]) -> set[int]:
+    """Tell the waiters of refused writes; the ids of their callbacks (never `on_stored`)."""
+    for done, exc in refused:
+        if isinstance(done, Future) and not done.done():
+            done.set_exception(exc)
+    return {id(done) for done, _ in refused if done is not None}
 
 
 def default_db_path() -> Path:
@@ -210,12 +219,14 @@ class SqliteStore(CheckpointStore):
 
     def append_message(self, run_id: str, message: HostMessage) -> None:
         """Store a host message; returns once it is committed (durable steering)."""
+        check_record(message)
         self._submit(
             ("inbox", run_id, message.seq, encode(message, kind="host_message")), wait=True
         )
 
     def journal(self, run_id: str, result: ToolResult | SubagentResult) -> None:
         """Queue a tool result for the journal (committed in the next batch)."""
+        check_record(result)
         self._submit(("journal", run_id, result.call_id, encode(result, kind="entry")), wait=False)
 
     def write_checkpoint(
@@ -285,10 +296,11 @@ class SqliteStore(CheckpointStore):
             conn.close()
 
     def _commit(self, conn: sqlite3.Connection, batch: list[tuple[Any, Any]]) -> None:
+        refused: list[tuple[Any, ValueError]] = []
         try:
             conn.execute("BEGIN")
-            for op, _ in batch:
-                self._apply(conn, op)
+            for item in batch:
+                self._apply_one(conn, item, refused)
             conn.execute("COMMIT")
         except BaseException as exc:  # noqa: BLE001 - reported to every waiter, and logged
             _log.error("sqlite_commit_failed", path=str(self.path), exc_info=True)
@@ -304,7 +316,10 @@ class SqliteStore(CheckpointStore):
                         )
                     )
             return
+        skip = _report_refused(refused)
         for _, done in batch:
+            if id(done) in skip:
+                continue  # not stored: no on_stored (the run's writes stay held)
             if isinstance(done, Future):
                 if not done.done():
                     done.set_result(None)
@@ -313,6 +328,29 @@ class SqliteStore(CheckpointStore):
                     done()  # on_stored: a tell to the run that waits for this revision
                 except Exception:  # noqa: BLE001 - the writer must go on
                     _log.error("on_stored_failed", exc_info=True)
+
+    def _apply_one(
+        self,
+        conn: sqlite3.Connection,
+        item: tuple[Any, Any],
+        refused: list[tuple[Any, ValueError]],
+    ) -> None:
+        """Apply one write inside its own savepoint: a value the codec refuses (entry points
+        check with the same `check_storable`, so this is a last line) rolls back that write
+        alone and is reported to its waiter; the rest of the batch commits."""
+        op, done = item
+        conn.execute("SAVEPOINT op")
+        try:
+            self._apply(conn, op)
+        except ValueError as exc:
+            conn.execute("ROLLBACK TO op")
+            conn.execute("RELEASE op")
+            if op[0] == "checkpoint":
+                self._static_written.discard(op[1])
+            _log.error("sqlite_write_refused", path=str(self.path), op=op[0], error=str(exc))
+            refused.append((done, exc))
+            return
+        conn.execute("RELEASE op")
 
     def _apply(self, conn: sqlite3.Connection, op: tuple[Any, ...]) -> None:
         kind = op[0]

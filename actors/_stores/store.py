@@ -29,7 +29,7 @@ from steerable.protocol import (
     ToolResult,
     TranscriptEntry,
 )
-from steerable.protocol._codec import decode_body
+from steerable.protocol._codec import check_storable, decode_body
 
 __all__ = [
     "CheckpointStore",
@@ -37,6 +37,7 @@ __all__ = [
     "RevisionInfo",
     "RunSummary",
     "StoredRun",
+    "check_record",
     "join_snapshot",
     "split_snapshot",
 ]
@@ -72,6 +73,25 @@ _EMPTY: dict[str, Any] = {
 }
 """Per-revision fields left out while they hold their default (validation restores them)."""
 _DERIVED_METRICS = frozenset({"steps", "model_calls", "input_tokens", "output_tokens"})
+
+
+def check_record(record: HostMessage | ToolResult | SubagentResult) -> None:
+    """Refuse a message or result whose free-form values no store could keep.
+
+    Every store calls it in `append_message` and `journal`, so that all of them accept and
+    refuse the same records (the entry points have checked them with the same rules).
+
+    Raises:
+        TypeError, ValueError: As `steerable.protocol.codec.check_storable`.
+    """
+    if isinstance(record, ToolResult):
+        check_storable(record.value, what=f"the result of {record.tool!r}")
+    elif isinstance(record, SubagentResult):
+        check_storable(record.output, what=f"the output of subagent {record.agent!r}")
+    else:
+        check_storable(
+            record.content if record.kind == "user" else record.reason, what="the message"
+        )
 
 
 def split_snapshot(snapshot: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -182,11 +202,19 @@ class CheckpointStore(ABC):
 
     @abstractmethod
     def append_message(self, run_id: str, message: HostMessage) -> None:
-        """Store one accepted host message (the durable inbox); must be stored on return."""
+        """Store one accepted host message (the durable inbox); must be stored on return.
+
+        Raises:
+            TypeError, ValueError: `check_record` refuses it; nothing is stored.
+        """
 
     @abstractmethod
     def journal(self, run_id: str, result: ToolResult | SubagentResult) -> None:
-        """Store one call's result as it arrives, before its plan completes."""
+        """Store one call's result as it arrives, before its plan completes.
+
+        Raises:
+            TypeError, ValueError: `check_record` refuses it; nothing is stored.
+        """
 
     @abstractmethod
     def write_checkpoint(
@@ -263,10 +291,12 @@ class MemoryStore(CheckpointStore):
         return run
 
     def append_message(self, run_id: str, message: HostMessage) -> None:
+        check_record(message)
         with self._lock:
             self._run(run_id).messages.append(message)
 
     def journal(self, run_id: str, result: ToolResult | SubagentResult) -> None:
+        check_record(result)
         with self._lock:
             self._run(run_id).journal[result.call_id] = result
 

@@ -31,6 +31,7 @@ class ToolContext:
     """
 
     __slots__ = (
+        "_emit",
         "_log",
         "_now",
         "attempt",
@@ -53,6 +54,7 @@ class ToolContext:
     scope: CancelScope
     _now: Callable[[], float]
     _log: Any
+    _emit: Callable[[str, dict[str, Any], bool], None] | None
 
     def __init__(
         self,
@@ -66,6 +68,7 @@ class ToolContext:
         deadline: float | None,
         scope: CancelScope,
         now: Callable[[], float],
+        emit: Callable[[str, dict[str, Any], bool], None] | None = None,
     ) -> None:
         if attempt < 1:
             raise ValueError(f"attempt counts from 1, got {attempt}")
@@ -80,6 +83,7 @@ class ToolContext:
         init(self, "scope", scope)
         init(self, "_now", now)
         init(self, "_log", None)
+        init(self, "_emit", emit)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"ToolContext is immutable; cannot set {name!r}")
@@ -91,6 +95,25 @@ class ToolContext:
     def cancelled(self) -> bool:
         """Whether the call has been cancelled (timeout, host cancel, interrupt, parent run)."""
         return self.scope.cancelled
+
+    def emit(self, name: str, data: Any = None, *, live: bool = True) -> None:
+        """Publish an event of the tool's own (kind `custom`) in order with the run's events.
+
+        Thread-safe and non-blocking: progress a UI can show while the call runs. `data` must
+        be JSON-like (the codec's values); `live=False` marks it to be kept with the run's
+        stored events. A no-op once the call is over (its result recorded, or it was
+        abandoned) and when the tool runs outside a runtime.
+
+        Raises:
+            TypeError: `name` is not a non-empty string.
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"an event name is a non-empty string, not {name!r}")
+        emit = self._emit
+        if emit is not None:
+            emit(
+                name, {"name": name, "data": data, "call_id": self.call_id, "tool": self.tool}, live
+            )
 
     @property
     def cancel_event(self) -> threading.Event:

@@ -13,6 +13,7 @@ from pydantic_core import to_jsonable_python
 
 from steerable.actors._engine.cancel import Cancelled
 from steerable.protocol._errors import AgentError, ErrorCode, SteerableError
+from steerable.protocol.codec import check_storable
 
 # Bounds that keep an error small enough for a checkpoint and an agent's context window.
 _TRACEBACK_FRAMES = 5
@@ -94,7 +95,10 @@ def normalize_result(value: Any, *, max_bytes: int = 1_000_000, tool: str | None
 
     Pydantic models, dataclasses, tuples, sets, datetimes, enums, UUIDs and the like are
     converted with pydantic's `to_jsonable_python`; bytes become base64 text; `SecretStr` and
-    `SecretBytes` stay masked.
+    `SecretBytes` stay masked. An iterator or generator is refused, never consumed (it may not
+    end): a tool returns a list. Before anything is converted, a walk bounded by `max_bytes`
+    checks the value (`steerable.protocol.codec.check_storable`: 64-bit ints, valid text,
+    nesting), so a huge or hostile result costs bounded time and memory.
 
     Args:
         value: What the tool returned.
@@ -109,6 +113,17 @@ def normalize_result(value: Any, *, max_bytes: int = 1_000_000, tool: str | None
         raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
     label = "tool" if tool is None else f"tool {tool!r}"
     named: dict[str, Any] = {} if tool is None else {"tool": tool}
+    try:
+        check_storable(value, what=f"the result of {label}", bytes_ok=True, max_bytes=max_bytes)
+    except (TypeError, ValueError) as exc:
+        raise ToolResultError(
+            AgentError.of(
+                ErrorCode.HANDLER_ERROR,
+                f"{exc} (not stored)",
+                result_type=_type_name(value),
+                **named,
+            )
+        ) from None
     try:
         data = to_jsonable_python(value, bytes_mode="base64")
         # The size check doubles as the proof that the checkpoint codec can store it.

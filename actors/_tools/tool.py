@@ -34,6 +34,7 @@ from .convert import (
     error_from_exception,
     normalize_result,
 )
+from .schema import docstring_arguments
 
 __all__ = [
     "RetryableToolError",
@@ -141,6 +142,11 @@ class Tool(Generic[P, R]):
             honors_idempotency_key=honors_idempotency_key,
             version=_check_version(version),
             json_schema=_json_schema(model, name),
+            argument_descriptions={
+                p: text
+                for p, text in docstring_arguments(fn).items()
+                if p != self._context_param and any(p == param for _, param in self._fields)
+            },
         )
 
     @property

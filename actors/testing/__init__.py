@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from steerable.actors import RunHandle, Tool, ToolContext, tool
 from steerable.protocol import (
@@ -23,9 +23,28 @@ from steerable.protocol import (
     ToolCall,
 )
 
+if TYPE_CHECKING:
+    from .fake_models import FakeAnthropicServer, FakeOpenAIServer, RecordedRequest, Reply
+
+_FAKE_MODELS = frozenset({"FakeAnthropicServer", "FakeOpenAIServer", "RecordedRequest", "Reply"})
+
+
+def __getattr__(name: str) -> Any:
+    # The fake model servers load http.server: only for the tests that use them.
+    if name in _FAKE_MODELS:
+        from . import fake_models
+
+        return getattr(fake_models, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
+    "FakeAnthropicServer",
+    "FakeOpenAIServer",
     "Gate",
     "HookRecorder",
+    "RecordedRequest",
+    "Reply",
     "ScriptedAgent",
     "call",
     "plan",

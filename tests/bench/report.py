@@ -43,6 +43,7 @@ CASES: list[tuple[str, str, str]] = [
     ("W9", "w9_durable", "floors"),
     ("W9", "w9_durable", "memory"),
     ("W9", "w9_durable", "sqlite"),
+    ("W12", "w12_loop_lag", "steerable"),
 ]
 
 Target = tuple[str, float]  # ("<=" | ">=", value)
@@ -507,6 +508,36 @@ ROWS: list[Row] = [
         "w9_durable.memory",
         "msgs_per_s_4_senders",
         floors=(("queue", "w9_durable.floors", "queue_put"),),
+    ),
+    Row(
+        "W12",
+        "floor: idle loop, 5 ms tick lateness ms p99",
+        "w12_loop_lag.steerable",
+        "floor_lateness_ms",
+        stat="p99",
+    ),
+    Row(
+        "W12",
+        "20 runs via the async face: tick lateness ms p99",
+        "w12_loop_lag.steerable",
+        "lateness_ms",
+        stat="p99",
+    ),
+    Row(
+        "W12",
+        "20 runs: p99 lateness over the floor, ms",
+        "w12_loop_lag.steerable",
+        "excess_p99_ms",
+        targets=_both("<=", 2),
+        target_text="≤2 over floor",
+    ),
+    Row(
+        "W12",
+        "20 runs: max lateness over the floor, ms",
+        "w12_loop_lag.steerable",
+        "excess_max_ms",
+        targets=_both("<=", 5),
+        target_text="≤5 over floor",
     ),
 ]
 

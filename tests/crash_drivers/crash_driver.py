@@ -153,11 +153,21 @@ def accepted(store: SqliteStore, run_id: str) -> set[str]:
     return texts
 
 
+def signal_ready() -> None:
+    """Tell the test the driver is up: its kill timer counts from here, not from the spawn
+    (on a loaded machine the interpreter's start-up alone can outlast the timer)."""
+    fd = os.environ.get("STEERABLE_READY_FD")
+    if fd is not None:
+        os.write(int(fd), b"r")
+        os.close(int(fd))
+
+
 def main() -> None:
     if KILL[0] == "checkpoint":
         patch_checkpoints()
     store = SqliteStore(DB)
     rt = Runtime(store=store, tools=[write])
+    signal_ready()
     handles: list[RunHandle] = []
     todo: dict[str, list[str]] = {}
     if MODE == "start":

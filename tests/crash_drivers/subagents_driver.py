@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from steerable.actors import Runtime, SqliteStore, ToolContext, tool
+from steerable.actors import Agent, Runtime, SqliteStore, ToolContext, tool
 from steerable.actors.testing import wait_event
 from steerable.protocol import EventKind, Finish, Plan, RunView, SubagentCall, ToolCall
 
@@ -87,7 +87,7 @@ class Lead:
 
 
 def main(argv: list[str]) -> None:
-    agents = {
+    agents: dict[str, Agent] = {
         "quick": Worker("quick", "echo"),
         "researcher": Worker("researcher", "look"),
         "manager": Manager(),

@@ -1,0 +1,62 @@
+"""The runtime's own messages to a run's actor (slotted dataclasses: cheap on the hot path).
+
+A leaf module: the directory, the factory, the supervisors and the child-run link all name
+these without importing one another. docs/architecture.md ("Messages") lists every message a
+run's actor handles, these and the job reports of `jobs.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from steerable.actors._machine.effects import TimerKind
+from steerable.protocol import HostMessage, RunOutcome
+
+__all__ = ["Begin", "CancelNow", "ChildDone", "HostMsg", "Stored", "TimerFired"]
+
+
+@dataclass(slots=True)
+class Begin:
+    """Message: start the run, or resume a restored one with the messages stored since."""
+
+    resume: bool = False
+    messages: tuple[HostMessage, ...] = ()
+    wake: bool = False
+
+
+@dataclass(slots=True)
+class HostMsg:
+    """Message: a host message was accepted (and stored) for this run."""
+
+    message: HostMessage
+
+
+@dataclass(slots=True)
+class TimerFired:
+    """Message: a timer of this run fired."""
+
+    kind: TimerKind
+    key: str
+    attempt: int
+
+
+@dataclass(slots=True)
+class Stored:
+    """Message: the store holds revision `revision` of this run (committed)."""
+
+    revision: int
+
+
+@dataclass(slots=True)
+class CancelNow:
+    """Message: the host is cancelling the run (ahead of its stored CancelRequest)."""
+
+    reason: str
+
+
+@dataclass(slots=True)
+class ChildDone:
+    """Message: the child run of subagent call `call_id` reached its terminal state."""
+
+    call_id: str
+    outcome: RunOutcome
