@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import structlog
 
 from steerable.actors import Runtime, ToolContext, tool
 from steerable.actors.testing import Gate, ScriptedAgent, call, plan
@@ -439,6 +440,7 @@ def check_outcome(case: Case, outcome: RunOutcome, late_hooks: set[str]) -> list
 def test_a_mixed_population_of_faults_leaves_every_other_run_intact(
     hazards: Hazards, caplog: pytest.LogCaptureFixture
 ) -> None:
+    structlog.reset_defaults()  # steerable logs through `logging` unless structlog is set up
     caplog.set_level(logging.WARNING, logger="steerable")
     baseline = {t.name for t in threading.enumerate()}
     faults = population(hazards)

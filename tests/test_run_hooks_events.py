@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
+import structlog
 
 from steerable.actors import Runtime, tool
 from steerable.actors.testing import Gate, HookRecorder, ScriptedAgent, call, plan, wait_state
@@ -172,6 +173,7 @@ def _after_end(caplog: pytest.LogCaptureFixture, event: str) -> list[logging.Log
 def test_a_hook_that_raises_is_recorded_and_the_run_finishes(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    structlog.reset_defaults()  # steerable logs through `logging` unless structlog is set up
     caplog.set_level(logging.WARNING, logger="steerable")
     recorder = HookRecorder(raise_on=[HookName.BEFORE_REASONING, HookName.ON_FINISH])
     agent = ScriptedAgent([plan(call("echo", text="x")), Finish(output="ok")])
@@ -199,6 +201,7 @@ def test_a_hook_that_raises_is_recorded_and_the_run_finishes(
 def test_a_slow_hook_does_not_stall_cancellation(
     gate: Gate, caplog: pytest.LogCaptureFixture
 ) -> None:
+    structlog.reset_defaults()  # steerable logs through `logging` unless structlog is set up
     caplog.set_level(logging.WARNING, logger="steerable")
     hook_entered = threading.Event()
     hook_release = threading.Event()
