@@ -19,6 +19,13 @@ lint:
     {{py}} -m ruff format --check .
     {{py}} -m ruff check .
 
+# Install Debian's Chromium for the browser tests (the web example's page, the HTML timeline),
+# as .ci/run does.
+browser:
+    if [ -x /usr/bin/chromium ]; then /usr/bin/chromium --version; exit 0; fi; \
+    sudo=""; if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi; \
+    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium
+
 # Rewrite files with ruff's formatter and safe fixes.
 fmt:
     {{py}} -m ruff format .

@@ -6,7 +6,9 @@ facade a host embeds, tools, stores and the CLI. Test helpers live in `steerable
 
 from ._engine.cancel import Cancelled, CancelScope
 from ._engine.clock import Clock, ManualClock, SystemClock
+from ._engine.executor import Executor, OutcomeKind, RemoteHandle, RemoteOutcome, RemoteTask
 from ._engine.pool import ToolWorker
+from ._engine.rayexec import RayExecutor
 from ._host.agent import Agent
 from ._host.childrun import ChildRun
 from ._host.events import EventStream
@@ -32,8 +34,14 @@ __all__ = [
     "ChildRun",
     "Clock",
     "EventStream",
+    "Executor",
     "ManualClock",
     "MemoryStore",
+    "OutcomeKind",
+    "RayExecutor",
+    "RemoteHandle",
+    "RemoteOutcome",
+    "RemoteTask",
     "Replay",
     "RetryableToolError",
     "RevisionInfo",

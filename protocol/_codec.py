@@ -28,6 +28,7 @@ from ._errors import AgentError, ErrorCode, SteerableError
 from ._events import RunEvent
 from ._messages import ApprovalRequest, HostMessage, TranscriptEntry
 from ._outcome import RunMetrics, RunOutcome
+from ._shape import first_shape_error
 
 __all__ = [
     "FORMAT_HISTORY",
@@ -44,7 +45,7 @@ __all__ = [
     "register_migration",
 ]
 
-FORMAT_VERSION: Final = 3
+FORMAT_VERSION: Final = 4
 """The format this steerable writes. Monotonic: bump it for any change an older reader cannot
 read (a new, renamed or removed field, a new kind), add a line to `FORMAT_HISTORY`, register a
 migration from the previous version and keep the old golden fixtures (R24)."""
@@ -57,6 +58,8 @@ FORMAT_HISTORY: dict[int, str] = {
     3: "ToolCall and SubagentCall gain id (the call id, None if unrecorded), ToolSpec gains "
     "argument_descriptions ({}), ErrorCode gains provider_error, EventKind model_delta and custom; "
     "format 2 bodies migrate unchanged (defaults apply)",
+    4: "ErrorCode gains tool_crashed (an isolated tool's worker died); format 3 bodies migrate "
+    "unchanged",
 }
 """One line per format version: what changed (mirrored in docs/checkpoint-format.md)."""
 
@@ -482,6 +485,9 @@ def decode(data: bytes | bytearray | memoryview, *, kind: str | None = None) -> 
         ValueError: `kind` is not a kind the codec knows (a caller bug, not bad bytes).
     """
     found, body = decode_body(data, kind=kind)
+    problem = first_shape_error(_MEMBERS[found], body)
+    if problem is not None:  # before pydantic, which would build an error per bad key
+        raise _corrupt(f"the {found!r} record does not validate: {problem}")
     adapter = _ADAPTERS.get(found)
     if adapter is None:
         adapter = _ADAPTERS.setdefault(found, TypeAdapter(_KINDS[found]))
@@ -687,4 +693,11 @@ def _from_format_2(kind: str, body: Any) -> Any:
     return body
 
 
+def _from_format_3(kind: str, body: Any) -> Any:
+    # Format 4 only added an error code, which no format 3 body can hold: nothing to rewrite.
+    del kind
+    return body
+
+
 register_migration(2, _from_format_2)
+register_migration(3, _from_format_3)

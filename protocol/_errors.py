@@ -52,12 +52,16 @@ class ErrorCode(StrEnum):
     """A subagent run ended in a state other than FINISHED."""
     RESOURCE_EXHAUSTED = "resource_exhausted"
     """The process refused more work: too many abandoned threads, or a thread could not start."""
+    STORE_UNAVAILABLE = "store_unavailable"
+    """The checkpoint store could not store (full, locked, read-only); nothing stored was lost."""
     NOT_FOUND = "not_found"
     """A run, revision or call id that the runtime does not know."""
     RUN_ENDED = "run_ended"
     """A message was sent to a run that is already terminal (or a runtime that shut down)."""
     INTERNAL_ERROR = "internal_error"
     """A defect in steerable itself; please report it."""
+    TOOL_CRASHED = "tool_crashed"
+    """An isolated tool's worker died during the call (signal, exit, limit); see details."""
 
 
 DEFAULT_RETRYABLE: dict[ErrorCode, bool] = {
@@ -79,9 +83,11 @@ DEFAULT_RETRYABLE: dict[ErrorCode, bool] = {
     ErrorCode.HOOK_ERROR: False,
     ErrorCode.SUBAGENT_FAILED: False,
     ErrorCode.RESOURCE_EXHAUSTED: True,
+    ErrorCode.STORE_UNAVAILABLE: True,
     ErrorCode.NOT_FOUND: False,
     ErrorCode.RUN_ENDED: False,
     ErrorCode.INTERNAL_ERROR: False,
+    ErrorCode.TOOL_CRASHED: False,
 }
 """Whether each code is retryable when the reporter does not say otherwise."""
 

@@ -232,6 +232,14 @@ def build_snapshot() -> RunSnapshot:
         errors=(
             AgentError.of(ErrorCode.TIMEOUT, "search took longer than 30.0 s", tool="search"),
             AgentError.of(ErrorCode.HOOK_ERROR, "on_start hook raised KeyError", hook="on_start"),
+            AgentError.of(
+                ErrorCode.TOOL_CRASHED,
+                "tool 'render' crashed: the worker process was killed by SIGXCPU",
+                tool="render",
+                signal="SIGXCPU",
+                signal_number=24,
+                cpu_seconds=30,
+            ),
         ),
         metrics=RunMetrics(
             steps=4,

@@ -108,7 +108,15 @@ def test_accepted_finish_ends_finished_with_the_output() -> None:
     assert out.errors == ()
     assert len(r.fx.settled_outcomes) == 1
     ended = r.fx.events_of(EventKind.RUN_ENDED)
-    assert [e.data for e in ended] == [{"state": "finished", "error": None}]
+    assert [e.data for e in ended] == [
+        {
+            "state": "finished",
+            "error": None,
+            "message": None,
+            "output": {"answer": 42},
+            "revision": out.revision,
+        }
+    ]
     assert [type(e) for e in r.machine.transcript] == [DecisionEntry]
     assert r.fx.checkpoints[-1].snapshot["state"] == "finished"
     assert r.fx.checkpoints[-1].snapshot["output"] == {"answer": 42}
@@ -471,10 +479,13 @@ def test_cancel_emits_run_cancelled_before_run_ended() -> None:
         "reason": "stop it",
         "abandoned": [],
     }
-    assert r.fx.events_of(EventKind.RUN_ENDED)[0].data == {
+    ended = r.fx.events_of(EventKind.RUN_ENDED)[0].data
+    assert {k: ended[k] for k in ("state", "error", "output")} == {
         "state": "cancelled",
         "error": "cancelled",
+        "output": None,
     }
+    assert "stop it" in ended["message"]
 
 
 def test_state_changes_are_events() -> None:

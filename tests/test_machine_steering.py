@@ -243,7 +243,9 @@ def test_queued_message_is_delivered_at_the_next_boundary_not_before() -> None:
     assert [m.content for m in view.delivered] == ["also check Y"]
     kinds = [type(e) for e in view.transcript]
     assert kinds == [DecisionEntry, ToolResult, ToolResult, UserMessage]
-    assert [e.data for e in r.fx.events_of(EventKind.MESSAGE_DELIVERED)] == [{"seq": seq}]
+    assert [e.data for e in r.fx.events_of(EventKind.MESSAGE_DELIVERED)] == [
+        {"seq": seq, "content": "also check Y", "mode": "queue"}
+    ]
     r.decide_next(Finish(output=1))
     assert r.outcome.metrics.messages_delivered == 1
 

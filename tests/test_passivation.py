@@ -255,6 +255,8 @@ def test_two_thousand_parked_runs_keep_the_thread_count_flat(tmp_path: Path) -> 
     with Runtime(store=SqliteStore(tmp_path / "runs.db"), max_workers=4, prestart_workers=4) as rt:
         warm = rt.start("warm-up", agent=AskThenEcho())
         wait_state(warm, RunState.WAITING)
+        # Passivated once its waiting checkpoint is committed (not as soon as it waits).
+        until(passivated(rt, 1))
         warm.send("w")
         assert warm.result(timeout=WAIT).output == "w"
         before = threading.active_count()

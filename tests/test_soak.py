@@ -35,6 +35,7 @@ from steerable.actors import (
 )
 from steerable.actors.testing import ScriptedAgent, call, plan
 from steerable.protocol import (
+    AgentError,
     Finish,
     HostMessage,
     RunConfig,
@@ -108,8 +109,14 @@ class ArchivingStore(CheckpointStore):
     def append_message(self, run_id: str, message: HostMessage) -> None:
         self._store(run_id).append_message(run_id, message)
 
-    def journal(self, run_id: str, result: ToolResult | SubagentResult) -> None:
-        self._store(run_id).journal(run_id, result)
+    def journal(
+        self,
+        run_id: str,
+        result: ToolResult | SubagentResult,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
+        self._store(run_id).journal(run_id, result, on_failed=on_failed)
 
     def write_checkpoint(
         self,
@@ -119,6 +126,8 @@ class ArchivingStore(CheckpointStore):
         entries_from: int,
         entries: Sequence[TranscriptEntry],
         on_stored: Callable[[], None] | None = None,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
     ) -> None:
         if RunState(snapshot["state"]).is_terminal:
             with self._lock:
@@ -128,7 +137,7 @@ class ArchivingStore(CheckpointStore):
                 on_stored()
             return
         self._store(run_id).write_checkpoint(
-            run_id, revision, snapshot, entries_from, entries, on_stored
+            run_id, revision, snapshot, entries_from, entries, on_stored, on_failed=on_failed
         )
 
     def load(self, run_id: str, revision: int | None = None) -> StoredRun:

@@ -21,6 +21,7 @@ import pytest
 from steerable.actors import MemoryStore, RunHandle, Runtime, RunTree
 from steerable.actors.testing import Gate, ScriptedAgent, wait_event
 from steerable.protocol import (
+    AgentError,
     ErrorCode,
     EventKind,
     Finish,
@@ -281,11 +282,15 @@ class HeldStore(MemoryStore):
         entries_from: int,
         entries: Sequence[TranscriptEntry],
         on_stored: Callable[[], None] | None = None,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
     ) -> None:
         if snapshot["parent_run_id"] is not None and revision == 0:
             self.held.set()
             self.release.wait(WAIT)
-        super().write_checkpoint(run_id, revision, snapshot, entries_from, entries, on_stored)
+        super().write_checkpoint(
+            run_id, revision, snapshot, entries_from, entries, on_stored, on_failed=on_failed
+        )
 
 
 def test_tree_includes_a_live_child_that_has_not_checkpointed_yet() -> None:

@@ -63,7 +63,10 @@ class RunCell:
         self.next_seq = next_seq
         self.cancel_requested = False
         self.stored = threading.Event()
-        """Set once the store holds a revision of this run (durable `start()` waits for it)."""
+        """Set once the store holds a revision of this run, or gave up a write of it (a
+        durable `send()` waits for it)."""
+        self.store_error: AgentError | None = None
+        """Set (once) when the store gave up a write of this run: sends are refused with it."""
         self._approvals: dict[str, ApprovalRequest] = {}
         # Approved or denied by the host, not yet settled by the run: a resumed run announces
         # its restored approvals again after resume() returned (and a host may already have
@@ -123,6 +126,12 @@ class RunCell:
             self._approvals.clear()
             self._answered.clear()
             self._approvals_open = False
+
+    def store_failed(self, error: AgentError) -> None:
+        """The store gave up a write of this run (called on the store's writer thread)."""
+        if self.store_error is None:
+            self.store_error = error
+        self.stored.set()  # whoever waits for a first revision learns it will not come
 
     def settle(self, outcome: RunOutcome) -> None:
         """Publish the outcome (once), tell who waits for it, close the event stream."""

@@ -147,6 +147,8 @@ class RunDirectory:
         if entry is None:
             raise ended_error(cell.run_id, "is not live")
         store = self.store
+        if cell.store_error is not None:
+            raise SteerableError(cell.store_error)
         if store.durable and not cell.stored.is_set() and not cell.stored.wait(_STORED_WAIT):
             # A message for a run the store does not know yet would be lost with it in a
             # crash: accepting means storing both (the first revision is milliseconds away).
@@ -157,6 +159,8 @@ class RunDirectory:
                     run_id=cell.run_id,
                 )
             )
+        if cell.store_error is not None:  # its first revision was given up while we waited
+            raise SteerableError(cell.store_error)
 
         def deliver(message: HostMessage) -> None:
             store.append_message(cell.run_id, message)  # stored before send() returns

@@ -81,7 +81,9 @@ class RunHandle:
                 the run's `RunConfig.steering`.
 
         Raises:
-            SteerableError: code `run_ended` if the run is already terminal.
+            SteerableError: code `run_ended` if the run is already terminal;
+                `store_unavailable` if the store could not store the message (or gave up a
+                write of this run): nothing is sent.
             TypeError: `content` is not a `str`. Nothing is sent.
             ValueError: `mode` is not "queue" or "interrupt", or `content` cannot be stored:
                 not valid Unicode text (e.g. a lone surrogate), or larger than

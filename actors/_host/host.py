@@ -21,6 +21,7 @@ from steerable.actors._tools.tool import Tool
 
 from .cell import RunCell
 from .directory import RunDirectory
+from .executors import Executors
 from .factory import Agent, RunFactory
 from .handle import RunHandle
 from .runtrees import start_child
@@ -44,6 +45,7 @@ class RunHost:
         tools: The runtime's tools by name (shared with the `Runtime`).
         agents: The runtime's subagents by name (shared with the `Runtime`).
         passivate: Whether waiting runs give up their supervisor.
+        executors: The runtime's executors (process pool, Ray), for remote tool calls.
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class RunHost:
         tools: dict[str, Tool[Any, Any]],
         agents: dict[str, Agent],
         passivate: bool,
+        executors: Executors,
     ) -> None:
         self.services = Services(
             clock=clock,
@@ -72,6 +75,7 @@ class RunHost:
             hook_timeout=hook_timeout,
             agents=frozenset(agents),
             host=self,
+            executors=executors,
         )
         self.factory = RunFactory(self.services, tools, agents)
         self.directory = RunDirectory(self.services, self.factory, passivate=passivate)

@@ -20,7 +20,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from steerable.actors._engine.cancel import Cancelled
 from steerable.actors._engine.clock import Clock
+from steerable.actors._engine.executor import Executor, OutcomeKind, RemoteHandle, RemoteOutcome
 from steerable.actors._engine.log import get_logger
+from steerable.actors._tools.remote import decode_result, encode_call
 from steerable.actors._tools.tool import (
     RetryableToolError,
     Tool,
@@ -305,7 +307,7 @@ class ToolJob:
         error = None
         if exc is None:
             try:
-                value = normalize_result(value, tool=ctx.tool)
+                value = normalize_result(value, max_bytes=self.tool.max_result_bytes, tool=ctx.tool)
             except BaseException as bad:  # noqa: BLE001
                 exc = bad
         if exc is not None:
@@ -316,6 +318,61 @@ class ToolJob:
     def cancel_pending(self) -> None:
         """Called by the pool when it drops this job unrun (shutdown)."""
         self.report(None, RuntimeError("the runtime shut down before the call ran"))
+
+    def submit_remote(self, executor: Executor) -> RemoteHandle | None:
+        """Run the call on `executor` (a worker process, a Ray task); never blocks.
+
+        The call's cancel scope is forwarded to where it runs (the cooperative signal); the
+        supervisor kills it through the returned handle. None: the call could not be sent (the
+        error is already reported).
+        """
+        try:
+            task = encode_call(self.tool, self.arguments, self.ctx)
+        except ValueError as exc:
+            self.report(None, exc)
+            return None
+        try:
+            handle = executor.submit(task, self.remote_done)
+        except Exception as exc:  # noqa: BLE001 - an executor that fails (Ray gone): typed error
+            self.report(None, RuntimeError(f"the executor refused the call: {exc!r}"))
+            return None
+        self.ctx.on_cancel(handle.signal)
+        return handle
+
+    def remote_done(self, outcome: RemoteOutcome) -> None:
+        """The executor's report of the call (on its thread): tell the supervisor."""
+        ctx = self.ctx
+        kind = outcome.kind
+        value: Any = None
+        error: AgentError | None = None
+        if kind is OutcomeKind.DONE and outcome.payload is not None:
+            value, error = decode_result(outcome.payload)
+        elif kind is OutcomeKind.CRASHED:
+            error = AgentError.of(
+                ErrorCode.TOOL_CRASHED,
+                f"tool {ctx.tool!r} crashed: {outcome.message}",
+                tool=ctx.tool,
+                call_id=ctx.call_id,
+                **dict(outcome.details),
+                **self.tool.executor_options,
+            )
+        elif kind is OutcomeKind.CANCELLED:
+            error = AgentError.of(
+                ErrorCode.CANCELLED,
+                f"tool {ctx.tool!r} was {outcome.message}",
+                tool=ctx.tool,
+                call_id=ctx.call_id,
+                reason=ctx.scope.reason or "cancelled",
+            )
+        else:
+            error = AgentError.of(
+                ErrorCode.HANDLER_ERROR,
+                f"tool {ctx.tool!r} could not run: {outcome.message}",
+                tool=ctx.tool,
+                call_id=ctx.call_id,
+                outcome=kind.value,
+            )
+        _tell(self.ref, ToolDone(ctx.call_id, ctx.attempt, value, error))
 
 
 class HookJob:

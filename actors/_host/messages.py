@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from steerable.actors._machine.effects import TimerKind
-from steerable.protocol import HostMessage, RunOutcome
+from steerable.protocol import AgentError, HostMessage, RunOutcome
 
-__all__ = ["Begin", "CancelNow", "ChildDone", "HostMsg", "Stored", "TimerFired"]
+__all__ = ["Begin", "CancelNow", "ChildDone", "HostMsg", "StoreFailed", "Stored", "TimerFired"]
 
 
 @dataclass(slots=True)
@@ -45,6 +45,14 @@ class Stored:
     """Message: the store holds revision `revision` of this run (committed)."""
 
     revision: int
+
+
+@dataclass(slots=True)
+class StoreFailed:
+    """Message: the store gave up a write of this run (revision -1: a journal entry)."""
+
+    revision: int
+    error: AgentError
 
 
 @dataclass(slots=True)

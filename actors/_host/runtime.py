@@ -18,6 +18,7 @@ import pykka
 
 from steerable.actors._engine.aloop import AsyncRunner
 from steerable.actors._engine.clock import Clock, SystemClock
+from steerable.actors._engine.executor import Executor
 from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import Dispatcher
 from steerable.actors._engine.pool import WorkerPool
@@ -40,6 +41,7 @@ from steerable.protocol.codec import check_storable
 
 from .cell import RunCell
 from .events import EventLog
+from .executors import Executors
 from .factory import Agent, Hook, RunEntry, agent_name, tool_table
 from .handle import RunHandle
 from .host import RunHost
@@ -76,6 +78,15 @@ class Runtime:
             their next message (docs/requirements.md "Passivation"). Default True.
         hook_workers: Threads that run hooks (each run's hooks run one at a time, in order;
             a hung hook holds one thread until `hook_timeout`). Default 8.
+        executors: Named executors for tools with `executor=name`, e.g.
+            `{"ray": RayExecutor(address="auto")}`; "ray" defaults to `RayExecutor()`.
+        process_workers: Warm worker processes for `isolation="process"` tools, started with
+            the runtime when such a tool is registered (else on first need). Default 2.
+        max_processes: Most worker processes at once; calls beyond that queue. Default 8.
+
+    Raises:
+        ValueError: A tool names an executor the runtime does not have.
+        ImportError: A tool uses `executor="ray"` and Ray (`steerable[ray]`) is not installed.
     """
 
     def __init__(
@@ -94,6 +105,9 @@ class Runtime:
         thread_stack_size: int | None = None,
         passivate: bool = True,
         hook_workers: int = 8,
+        executors: Mapping[str, Executor] | None = None,
+        process_workers: int = 2,
+        max_processes: int = 8,
     ) -> None:
         if thread_stack_size is not None:
             threading.stack_size(thread_stack_size)
@@ -107,6 +121,14 @@ class Runtime:
         self._closed = False
         self._shut_down = threading.Event()
         self._left: list[str] = []
+        runtime_executors = Executors(
+            executors, process_workers=process_workers, max_processes=max_processes
+        )
+        try:
+            runtime_executors.check(self.tools.values())
+        except BaseException:
+            runtime_executors.shutdown(1.0)
+            raise
         dispatcher = Dispatcher(threads=dispatcher_threads, name="steerable-dispatch")
         timer = TimerService(self.clock, name="steerable-timer")
         pool = WorkerPool(
@@ -130,6 +152,7 @@ class Runtime:
             tools=self.tools,
             agents=self.agents,
             passivate=passivate,
+            executors=runtime_executors,
         )
         self.services: Services = self._host.services
         self.host_io: HostIO = self.services.host_io
@@ -376,6 +399,7 @@ class Runtime:
             "inbox_depth_total": dispatcher["inbox_depth_total"],
             "inbox_depth_max": dispatcher["inbox_depth_max"],
             "actors_live": dispatcher["actors_live"],
+            **self.services.executors.statistics(),
             "timers_pending": self.services.timer.statistics()["timers_pending"],
         }
 
@@ -465,6 +489,7 @@ class Runtime:
         left = services.pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += services.hook_pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += services.aloop.shutdown(timeout=max(0.1, deadline - self.clock.now()))
+        left += services.executors.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         self.store.close()
         if left:
             _log.warning("threads_abandoned_at_shutdown", threads=left)
@@ -510,6 +535,9 @@ class Runtime:
     ) -> RunEntry:
         if self._closed:
             raise _shut_down()
+        if tools:
+            # A run's own tools: their executors must exist (Ray: installed) before it starts.
+            self.services.executors.check([t for t in tools if isinstance(t, Tool)])
         return self._factory.entry(
             cell,
             agent,

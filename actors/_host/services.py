@@ -23,6 +23,7 @@ from .offload import HostIO
 
 if TYPE_CHECKING:
     from .cell import RunCell
+    from .executors import Executors
 
 __all__ = ["Parkable", "Services", "SupervisorHost"]
 
@@ -92,6 +93,8 @@ class Services:
     agents: frozenset[str]
     """Names of the agents runs may start as subagents."""
     host: SupervisorHost
+    executors: Executors
+    """Where remote tool calls run: the process pool, named executors (docs/isolation.md)."""
     host_io: HostIO = field(default_factory=HostIO)
     """The threads of the async face (`await rt.astart(...)`, `await handle.asend(...)`)."""
     hooks_draining: HookDrain = field(default_factory=HookDrain)

@@ -34,6 +34,7 @@ from steerable.protocol import (
     Phase,
     RunEvent,
     RunOutcome,
+    RunState,
     RunView,
     SideEffect,
     SubagentResult,
@@ -43,7 +44,7 @@ from steerable.protocol import (
 
 from .jobs import Accept, Decided, DecideJob, HookDone, HookJob, ToolDone, ToolJob
 from .live import LiveEvent, ModelCallContext
-from .messages import Begin, CancelNow, ChildDone, HostMsg, Stored, TimerFired
+from .messages import Begin, CancelNow, ChildDone, HostMsg, Stored, StoreFailed, TimerFired
 
 if TYPE_CHECKING:
     from .cell import RunCell
@@ -59,7 +60,8 @@ class _Work:
     job: DecideJob | ToolJob
     scope: CancelScope
     attempt: int
-    handle: Any = None  # AsyncHandle for async work
+    handle: Any = None  # AsyncHandle for async work, RemoteHandle for remote work
+    remote: bool = False  # runs on an executor (a worker process, a Ray task): killable
 
 
 class RunSupervisor(SteerableActor, MuxActor):
@@ -92,11 +94,19 @@ class RunSupervisor(SteerableActor, MuxActor):
         # The latest revision the store holds: a restored run came from it.
         self._stored = cell.revision
         self._held: list[tuple[int, CallJob]] = []  # writes waiting for their checkpoint
+        self._durable = services.store.durable
+        # A model call waiting for the run's previous checkpoint: (revision needed, args).
+        self._held_decide: tuple[int, tuple[int, RunView, float]] | None = None
+        # The run_ended event of a terminal state whose checkpoint is not stored yet.
+        self._ended: tuple[Phase | None, dict[str, Any]] | None = None
+        self._store_error: AgentError | None = None  # the store gave up a write of this run
+        self._final_state: RunState | None = None  # what the host sees instead of the machine's
         self._timers: dict[tuple[TimerKind, str], Any] = {}
         self._hooks_pending = 0
         self._wall = services.clock.wall()
         self._hook_jobs: list[HookJob] = []
-        self._ended = False  # the outcome is published; pending hooks still run
+        self._outcome: RunOutcome | None = None
+        self._published = False  # the outcome is settled; hooks still pending run after it
         self._draining = False  # counted in services.hooks_draining until its hooks are done
 
         self.machine = machine_factory(self)
@@ -119,8 +129,13 @@ class RunSupervisor(SteerableActor, MuxActor):
         if handler is not None:
             handler(self, message, now)
         machine = self.machine
-        self.cell.state = machine.state
-        if machine.parked and not self._hooks_pending and not self._work:
+        self.cell.state = machine.state if self._final_state is None else self._final_state
+        if (
+            machine.parked
+            and not self._hooks_pending
+            and not self._work
+            and self._stored >= machine.revision  # a passivated run lives in its checkpoint
+        ):
             self.services.host.park(self)
         return None
 
@@ -206,6 +221,7 @@ class RunSupervisor(SteerableActor, MuxActor):
 
     def stopping(self) -> None:
         """On stop: cancel timers; in-flight work of a live run is abandoned."""
+        self._held_decide = None
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
@@ -218,7 +234,20 @@ class RunSupervisor(SteerableActor, MuxActor):
     # ------------------------------------------------------------------ Effects port
 
     def decide(self, model_call: int, view: RunView, deadline: float) -> None:
-        """Run the agent's decide on a worker (or the event loop for `async def decide`)."""
+        """Run the agent's decide on a worker (or the event loop for `async def decide`).
+
+        With a durable store, the model call after a safe boundary starts only once the
+        checkpoint before that boundary is stored: a run never gets more than one boundary
+        ahead of its store (a store that retries a write holds its runs back; one that gives
+        it up ends them in ERROR `store_unavailable`).
+        """
+        needed = self.cell.revision - 1
+        if self._durable and self._stored < needed:
+            self._held_decide = (needed, (model_call, view, deadline))
+            return
+        self._start_decide(model_call, view, deadline)
+
+    def _start_decide(self, model_call: int, view: RunView, deadline: float) -> None:
         scope = self.cell.scope.child(deadline)
         view = dataclasses.replace(view, call=ModelCallContext(model_call, scope, self.actor_ref))
         job = DecideJob(
@@ -258,6 +287,62 @@ class RunSupervisor(SteerableActor, MuxActor):
                 self._start_call(self.tools[job.tool], job)
             else:
                 self._held.append((revision, job))
+        if self._held_decide is not None and self._held_decide[0] <= self._stored:
+            args = self._held_decide[1]
+            self._held_decide = None
+            self._start_decide(*args)
+        if self._ended is not None and self._stored >= self.cell.revision:
+            phase, data = self._ended
+            self._ended = None
+            self._emit(EventKind.RUN_ENDED, phase, data)
+            self._finish()
+
+    def _on_store_failed(self, message: StoreFailed, now: float) -> None:
+        """The store gave up a write: the run cannot go on without losing what it does.
+
+        It ends in ERROR `store_unavailable` (at once: its work is abandoned), and writes
+        nothing more; the store keeps the run's last stored revision, which a later
+        `resume()` continues from. A terminal state whose checkpoint was not stored is
+        reported as that error, never as the state the store does not hold.
+        """
+        if self._store_error is not None:
+            return
+        cause = message.error
+        what = "a journal entry" if message.revision < 0 else f"revision {message.revision}"
+        error = AgentError.of(
+            cause.code,  # store_unavailable; internal_error for a write the codec refused
+            f"the store could not keep {what} of run {self.cell.run_id}: {cause.message}",
+            **{
+                **cause.details,
+                "run_id": self.cell.run_id,
+                "revision": message.revision,
+                "stored_revision": self._stored,
+            },
+        )
+        self._store_error = error
+        self._log.error("store_unavailable", revision=message.revision, error=cause.message)
+        machine = self.machine
+        if not machine.is_terminal:
+            machine.abort(error)
+            return
+        outcome = self._outcome
+        if self._ended is None or outcome is None:
+            return  # its terminal revision was stored: this was a late journal entry
+        self._ended = None
+        self._outcome = outcome.model_copy(
+            update={
+                "state": RunState.ERROR,
+                "output": None,
+                "errors": (*outcome.errors, error),
+                "revision": self._stored,
+            }
+        )
+        self._final_state = self.cell.state = RunState.ERROR
+        self._emit(EventKind.ERROR, None, {"code": error.code.value, "message": error.message})
+        self._emit(
+            EventKind.RUN_ENDED, None, {"state": RunState.ERROR.value, "error": error.code.value}
+        )
+        self._finish()
 
     def _release_held(self, key: str, error: AgentError | None) -> bool:
         """Drop a call still waiting for its checkpoint; report `error` for it if given."""
@@ -297,7 +382,10 @@ class RunSupervisor(SteerableActor, MuxActor):
         tool_job = ToolJob(tool, job.arguments, ctx, self.actor_ref)
         work = _Work(tool_job, scope, job.attempt)
         self._work[job.call_id] = work
-        if tool.is_async:
+        if tool.executor is not None:
+            work.remote = True
+            work.handle = tool_job.submit_remote(services.executors.get(tool.executor))
+        elif tool.is_async:
             work.handle = services.aloop.submit(tool_job.coroutine, tool_job.report)
         elif services.pool.is_saturated_by_abandoned():
             abandoned = services.pool.statistics()["workers_abandoned"]
@@ -335,6 +423,14 @@ class RunSupervisor(SteerableActor, MuxActor):
         work = self._work.get(key)
         if work is not None:
             work.scope.cancel(reason)
+        elif key == MODEL_KEY and self._held_decide is not None:
+            model_call = self._held_decide[1][0]
+            self._held_decide = None
+            error = AgentError.of(
+                ErrorCode.CANCELLED,
+                f"model call {model_call} was cancelled ({reason}) before it started",
+            )
+            self.actor_ref.tell(Decided(model_call, None, None, error, None, 0.0))
         elif self._held:
             self._release_held(
                 key,
@@ -346,22 +442,33 @@ class RunSupervisor(SteerableActor, MuxActor):
                 ),
             )
 
-    def abandon_work(self, key: str) -> None:
-        """Stop waiting for work that did not stop; its worker is never reused (T3)."""
+    def abandon_work(self, key: str) -> bool:
+        """Stop waiting for work that did not stop; its worker is never reused (T3).
+
+        Remote work (a process-isolated tool, a Ray task) is killed instead: True then, as
+        nothing of the call runs on (docs/isolation.md). False: a thread was left running.
+        """
         child = self._children.pop(key, None)
         if child is not None:
             self.services.host.cancel_child(child, "abandoned by its parent")
-            return
+            return False
         work = self._work.pop(key, None)
         if work is None:
+            if key == MODEL_KEY:
+                self._held_decide = None
             self._release_held(key, None)
-            return
+            return False
+        if work.remote:
+            work.scope.detach()
+            # Killed before the scope is cancelled: the cooperative signal has had its chance.
+            return work.handle is None or bool(work.handle.kill())
         work.scope.cancel("abandoned")
         work.scope.detach()
         if work.handle is not None:
             work.handle.cancel()
         else:
             self.services.pool.abandon(work.job)
+        return False
 
     def schedule(self, kind: TimerKind, key: str, attempt: int, at: float) -> None:
         """Fire `TimerFired(kind, key, attempt)` into this actor's inbox at `at`."""
@@ -384,7 +491,22 @@ class RunSupervisor(SteerableActor, MuxActor):
             handle.cancel()
 
     def emit(self, kind: EventKind, phase: Phase | None, data: dict[str, Any]) -> None:
-        """Append to the event stream; fire the hooks of this moment on a hook worker."""
+        """Append to the event stream; fire the hooks of this moment on a hook worker.
+
+        `run_ended` waits for the terminal checkpoint to be stored: hosts and `on_finish`
+        hooks learn the state the store holds.
+        """
+        if (
+            kind is EventKind.RUN_ENDED
+            and self._durable
+            and self._store_error is None
+            and self._stored < self.cell.revision
+        ):
+            self._ended = (phase, data)
+            return
+        self._emit(kind, phase, data)
+
+    def _emit(self, kind: EventKind, phase: Phase | None, data: dict[str, Any]) -> None:
         cell = self.cell
         if kind is EventKind.APPROVAL_REQUESTED:
             cell.approval_requested(
@@ -427,7 +549,20 @@ class RunSupervisor(SteerableActor, MuxActor):
         Every store keeps it: a passivated run's finished calls live only here until the
         plan completes.
         """
-        self.services.store.journal(self.cell.run_id, result)
+        if self._store_error is not None:
+            return
+        self.services.store.journal(self.cell.run_id, result, on_failed=self._failure_callback(-1))
+
+    def _failure_callback(self, revision: int) -> Callable[[AgentError], None]:
+        ref = self.actor_ref
+        cell = self.cell
+
+        def on_failed(error: AgentError) -> None:  # on the store's writer thread
+            cell.store_failed(error)
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(StoreFailed(revision, error))
+
+        return on_failed
 
     def checkpoint(
         self,
@@ -436,11 +571,19 @@ class RunSupervisor(SteerableActor, MuxActor):
         entries_from: int,
         entries: list[TranscriptEntry],
     ) -> None:
-        """Write one revision (a durable store encodes and writes on its own thread)."""
+        """Write one revision (a durable store encodes and writes on its own thread).
+
+        Nothing is written once the store gave up a write of this run: a later revision
+        would be stored on top of a missing one.
+        """
+        if self._store_error is not None:
+            return
         snapshot["updated_at"] = self._wall
         store = self.services.store
         on_stored = None
+        on_failed = None
         if store.durable:
+            on_failed = self._failure_callback(revision)
             ref = self.actor_ref
             stored_event = self.cell.stored
 
@@ -451,11 +594,11 @@ class RunSupervisor(SteerableActor, MuxActor):
         else:
             self._stored = revision  # an in-process store has it once the call returns
             self.cell.stored.set()
-        store.write_checkpoint(
-            self.cell.run_id, revision, snapshot, entries_from, entries, on_stored
-        )
         cell = self.cell
         cell.revision = revision
+        store.write_checkpoint(
+            cell.run_id, revision, snapshot, entries_from, entries, on_stored, on_failed=on_failed
+        )
         cell.events.append(
             cell.run_id,
             EventKind.CHECKPOINT,
@@ -466,19 +609,25 @@ class RunSupervisor(SteerableActor, MuxActor):
         )
 
     def settled(self, outcome: RunOutcome) -> None:
-        """Terminal: publish the outcome now; hooks still pending (on_finish) run after it.
+        """Terminal: publish the outcome once its checkpoint is stored, never later: hooks
+        still pending then (on_finish among them) run after it.
 
         The supervisor stays until they are done, or given up after `hook_timeout`, to keep
         them in order; their errors can no longer reach the published outcome and are logged
         (docs/states-and-errors.md "Phases and hooks").
         """
-        self._ended = True
+        if self._store_error is not None and outcome.revision > self._stored:
+            # What the store holds: the run's last stored revision (-1: none).
+            outcome = outcome.model_copy(update={"revision": self._stored})
+        self._outcome = outcome
         self.cell.state = outcome.state
         self.cell.close_approvals()
-        # Leave the directory first: once result() returns, the run is no longer live.
-        self.services.host.run_ended(self.cell.run_id)
-        self.cell.settle(outcome)
-        self.outcome_published(outcome)
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._outcome is None or self._ended is not None:
+            return  # not yet, or its checkpoint is still on its way to the store
+        self._publish()
         if self._hooks_pending:
             self.services.hooks_draining.enter()
             self._draining = True
@@ -500,19 +649,24 @@ class RunSupervisor(SteerableActor, MuxActor):
             self._hook_jobs.pop(0)
             self._submit_hook()
         for error in errors:
-            if self._ended:
+            if self._published:
                 self._log.warning(
                     "hook_error_after_end", error=error.message, hook=error.details.get("hook")
                 )
-            else:
-                self._log.warning("hook_error", error=error.message)
+                continue
+            self._log.warning("hook_error", error=error.message)
+            if self._outcome is None:
                 self.machine.record_error(error)
-        if self._ended and self._hooks_pending <= 0:
+            else:  # the outcome waits for its checkpoint to be stored: it can still say so
+                self._outcome = self._outcome.model_copy(
+                    update={"errors": (*self._outcome.errors, error)}
+                )
+        if self._published and self._hooks_pending <= 0:
             self.unschedule(TimerKind.GRACE, "hooks")
             self._drained()
 
     def _hooks_timed_out(self) -> None:
-        if not self._ended:
+        if not self._published:
             return
         if self._hook_jobs:
             # Only the first is on a worker; the rest never started and are dropped.
@@ -531,6 +685,17 @@ class RunSupervisor(SteerableActor, MuxActor):
             self._draining = False
             self.services.hooks_draining.leave()
         self.actor_ref.stop(block=False)  # queued: handled after this message
+
+    def _publish(self) -> None:
+        outcome = self._outcome
+        if outcome is None or self._ended is not None:
+            return
+        self._outcome = None
+        self._published = True
+        # Leave the directory first: once result() returns, the run is no longer live.
+        self.services.host.run_ended(self.cell.run_id)
+        self.cell.settle(outcome)
+        self.outcome_published(outcome)
 
     def outcome_published(self, outcome: RunOutcome) -> None:
         """The run's outcome is settled on its cell. A top-level run tells nobody else."""
@@ -562,6 +727,7 @@ _HANDLERS: dict[type, Callable[[RunSupervisor, Any, float], None]] = {
     ChildDone: RunSupervisor._on_child_done,
     CancelNow: RunSupervisor._on_cancel_now,
     Stored: RunSupervisor._on_stored,
+    StoreFailed: RunSupervisor._on_store_failed,
     HookDone: RunSupervisor._on_hook_done,
     LiveEvent: RunSupervisor._on_live,
     Begin: RunSupervisor._on_begin,

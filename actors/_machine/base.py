@@ -151,15 +151,19 @@ def stopped_by_deadline(result: ToolResult | SubagentResult | None) -> bool:
     )
 
 
-def cancelled(reason: str, call: Call, *, abandoned: bool = False, **details: Any) -> AgentError:
-    """The `cancelled` error of one call (`details`: more, e.g. the value it returned)."""
+def cancelled(
+    reason: str, call: Call, *, abandoned: bool = False, killed: bool = False, **details: Any
+) -> AgentError:
+    """The `cancelled` error of one call; `killed`: its process was killed (docs/isolation.md);
+    `details`: more (e.g. the value it returned after the signal)."""
     return AgentError.of(
         ErrorCode.CANCELLED,
         f"{call.name} was cancelled ({reason})",
         call_id=call.call_id,
         tool=call.name,
         reason=reason,
-        abandoned=abandoned,
+        abandoned=abandoned and not killed,
+        **({"killed": True} if killed else {}),
         **details,
     )
 
@@ -246,7 +250,7 @@ class MachineBase:
     def _retry_model(self, error: AgentError, now: float) -> bool:
         raise NotImplementedError
 
-    def _end_by_deadline(self, now: float) -> None:
+    def _end_by_deadline(self, now: float, killed: set[str] | frozenset[str] = frozenset()) -> None:
         raise NotImplementedError
 
     def _record(self, error: AgentError, phase: Phase | None = None, **event: Any) -> None:

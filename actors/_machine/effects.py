@@ -82,8 +82,12 @@ class Effects(Protocol):
         """Signal the cancel scope of a call (`key` = call id) or model call (`key` = "model")."""
         ...
 
-    def abandon_work(self, key: str) -> None:
-        """Give up on a call or model call that did not stop: its worker is never reused."""
+    def abandon_work(self, key: str) -> bool | None:
+        """Give up on a call or model call that did not stop: its worker is never reused.
+
+        Returns True if the work was killed instead (a process-isolated or remote call): its
+        result then says `killed`, not `abandoned`. False or None: it may still be running.
+        """
         ...
 
     def schedule(self, kind: TimerKind, key: str, attempt: int, at: float) -> None:

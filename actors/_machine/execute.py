@@ -39,6 +39,7 @@ from .base import (
 )
 from .children import ChildrenMixin
 from .effects import CallJob, TimerKind
+from .preview import preview
 from .recording import checked_arguments, recorded_arguments
 
 __all__ = ["ExecutionMixin"]
@@ -378,7 +379,13 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         self.fx.schedule(TimerKind.TOOL_TIMEOUT, call.call_id, call.attempt, deadline)
         if call.attempt == 1:
             self.fx.emit(
-                EventKind.TOOL_STARTED, Phase.EXECUTE, {"call_id": call.call_id, "tool": call.name}
+                EventKind.TOOL_STARTED,
+                Phase.EXECUTE,
+                {
+                    "call_id": call.call_id,
+                    "tool": call.name,
+                    "arguments": preview(call.arguments) if call.arguments else {},
+                },
             )
         self.fx.dispatch(
             CallJob(call.call_id, call.name, call.arguments, call.key, call.attempt, deadline)
@@ -468,6 +475,12 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 "ok": error is None,
                 "error": None if error is None else error.code.value,
                 "attempts": call.attempt,
+                "duration": duration,
+                **(
+                    {"value": preview(result.value)}
+                    if error is None
+                    else {"message": preview(error.message)}
+                ),
             },
         )
         if advance:
@@ -482,9 +495,10 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             or call.retry_pending
         ):
             return
-        # R15: control returns at once; the thread may never return, so it is abandoned.
+        # R15: control returns at once; the thread may never return, so it is abandoned (a
+        # process-isolated call is killed instead).
         self.fx.cancel_work(call_id, "timeout")
-        self.fx.abandon_work(call_id)
+        killed = bool(self.fx.abandon_work(call_id))
         spec = call.spec
         write = spec is not None and spec.side_effect is SideEffect.WRITE
         if write:
@@ -495,6 +509,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 call_id=call_id,
                 side_effect="unknown",
                 idempotency_key=call.key,
+                **({"killed": True} if killed else {}),
             )
         else:
             error = AgentError.of(
@@ -503,6 +518,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 retryable=True,
                 tool=call.name,
                 call_id=call_id,
+                **({"killed": True} if killed else {}),
             )
         if not write and self._should_retry(call, error, now):
             return

@@ -1,10 +1,8 @@
 """The run's state machine: pure, single-threaded, driven by messages, acting through a port.
 
-`RunMachine` owns one run's state: lifecycle state, transcript, the ordered inbox of host
-messages, the current plan and its calls, budgets and errors. Each public method handles one
-message and acts only through `Effects` (dispatch, timers, events, checkpoints): no threads, no
-clock reads (time arrives as `now`), no I/O. The RunSupervisor actor feeds it; tests feed it
-directly and record its effects.
+`RunMachine` owns one run's state (lifecycle, transcript, inbox, plan, budgets, errors). Each
+public method handles one message and acts only through `Effects`: no threads, no clock reads
+(time arrives as `now`), no I/O. The RunSupervisor feeds it; tests feed it and record effects.
 
 Safe boundaries (docs/contract.md): a checkpoint is written after a decision is recorded and its
 calls are keyed (before dispatch), at the boundary after a plan's results are all in (before the
@@ -56,6 +54,7 @@ from .base import (
 from .effects import Effects, TimerKind
 from .execute import ExecutionMixin
 from .persist import PersistenceMixin
+from .preview import decision_preview, preview
 from .stage import Stage, check_stage
 from .stopping import StoppingMixin
 
@@ -319,7 +318,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self.fx.emit(
             EventKind.REASONING_FINISHED,
             Phase.REASON,
-            {"model_call": model_call, "decision": decision.kind},
+            {"model_call": model_call, **decision_preview(decision, self.tools)},
         )
         if isinstance(decision, Finish):
             self._on_finish(decision, verdict, now)
@@ -348,8 +347,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self.fx.unschedule(TimerKind.TOOL_TIMEOUT, call_id)
         reason = call.cancel_reason or self._cancel_reason
         if error is None and reason is not None:
-            # It saw the interrupt or the cancel and returned: it was cancelled all the same
-            # (docs/steering.md); what it returned is kept in the error.
+            # It saw the interrupt or cancel and returned: still cancelled (docs/steering.md).
             error = cancelled(reason, call, value=value)
             value = None
         if error is not None and self._should_retry(call, error, now):
@@ -558,7 +556,13 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self.fx.emit(
             EventKind.RUN_ENDED,
             None,
-            {"state": state.value, "error": None if error is None else error.code.value},
+            {
+                "state": state.value,
+                "error": None if error is None else error.code.value,
+                "message": None if error is None else preview(error.message),
+                "output": preview(outcome.output),
+                "revision": outcome.revision,
+            },
         )
         self.fx.settled(outcome)
 

@@ -3,6 +3,8 @@ timeouts (R14, R15), and abandoning work that does not stop (T3)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from steerable.protocol import (
     AgentError,
     CallStatus,
@@ -100,13 +102,15 @@ class StoppingMixin(MachineBase):
         return True
 
     def _on_deadline(self, now: float) -> None:
+        killed: set[str] = set()
         for key in self._work_in_flight():
             self.fx.cancel_work(key, "timeout")
-            self.fx.abandon_work(key)
+            if self.fx.abandon_work(key):
+                killed.add(key)
         self._model_in_flight = False
-        self._end_by_deadline(now)
+        self._end_by_deadline(now, killed)
 
-    def _end_by_deadline(self, now: float) -> None:
+    def _end_by_deadline(self, now: float, killed: set[str] | frozenset[str] = frozenset()) -> None:
         """End the run in ERROR `timeout`: every call without a result is stopped by it.
 
         Its calls' results are journaled before the terminal checkpoint: a resume that finds
@@ -114,19 +118,15 @@ class StoppingMixin(MachineBase):
         """
         for call in self.plan:
             if call.status is not CallStatus.DONE:
-                self._complete(
-                    call,
-                    None,
-                    AgentError.of(
-                        ErrorCode.TIMEOUT,
-                        f"{call.name} was stopped by the run's deadline",
-                        tool=call.name,
-                        call_id=call.call_id,
-                        scope="run",
-                    ),
-                    now,
-                    advance=False,
+                error = AgentError.of(
+                    ErrorCode.TIMEOUT,
+                    f"{call.name} was stopped by the run's deadline",
+                    tool=call.name,
+                    call_id=call.call_id,
+                    scope="run",
+                    **({"killed": True} if call.call_id in killed else {}),
                 )
+                self._complete(call, None, error, now, advance=False)
         self._terminate(
             RunState.ERROR,
             AgentError.of(
@@ -153,27 +153,30 @@ class StoppingMixin(MachineBase):
             for call in self.plan:
                 if call.status is CallStatus.RUNNING:
                     self.fx.unschedule(TimerKind.TOOL_TIMEOUT, call.call_id)
-                    self.fx.abandon_work(call.call_id)
+                    was_killed = bool(self.fx.abandon_work(call.call_id))
                     self._complete(
                         call,
                         None,
-                        cancelled("interrupt", call, abandoned=True),
+                        cancelled("interrupt", call, abandoned=True, killed=was_killed),
                         now,
                         advance=False,
                     )
             self._after_call(now)
         elif key == RUN_KEY and self._stage is Stage.CANCELLING:
-            abandoned = self._work_in_flight()
-            for work in abandoned:
-                self.fx.abandon_work(work)
+            abandoned: list[str] = []
+            stopped: list[str] = []
+            for work in self._work_in_flight():
+                (stopped if self.fx.abandon_work(work) else abandoned).append(work)
             self._model_in_flight = False
-            self._finish_cancel(now, abandoned=abandoned)
+            self._finish_cancel(now, abandoned=abandoned, killed=stopped)
 
     def _maybe_finish_cancel(self, now: float) -> None:
         if not self.in_flight:
             self._finish_cancel(now, abandoned=[])
 
-    def _finish_cancel(self, now: float, abandoned: list[str]) -> None:
+    def _finish_cancel(
+        self, now: float, abandoned: list[str], killed: list[str] | None = None
+    ) -> None:
         reason = self._cancel_reason or "cancelled"
         self.fx.unschedule(TimerKind.GRACE, RUN_KEY)
         for call in self.plan:
@@ -181,16 +184,23 @@ class StoppingMixin(MachineBase):
                 self._complete(
                     call,
                     None,
-                    cancelled(reason, call, abandoned=call.call_id in abandoned),
+                    cancelled(
+                        reason,
+                        call,
+                        abandoned=call.call_id in abandoned,
+                        killed=killed is not None and call.call_id in killed,
+                    ),
                     now,
                     advance=False,
                 )
-        self.fx.emit(EventKind.RUN_CANCELLED, None, {"reason": reason, "abandoned": abandoned})
+        data: dict[str, Any] = {"reason": reason, "abandoned": abandoned}
+        details: dict[str, Any] = {"reason": reason, "abandoned": abandoned}
+        if killed:  # only when a call was killed: thread-only runs record what they always did
+            data["killed"] = details["killed"] = killed
+        self.fx.emit(EventKind.RUN_CANCELLED, None, data)
         self._terminate(
             RunState.CANCELLED,
-            AgentError.of(
-                ErrorCode.CANCELLED, f"run cancelled: {reason}", reason=reason, abandoned=abandoned
-            ),
+            AgentError.of(ErrorCode.CANCELLED, f"run cancelled: {reason}", **details),
         )
 
     def _work_in_flight(self) -> list[str]:

@@ -30,6 +30,7 @@ from steerable.protocol import (
     TranscriptEntry,
 )
 from steerable.protocol._codec import check_storable, decode_body
+from steerable.protocol._shape import first_shape_error
 
 __all__ = [
     "CheckpointStore",
@@ -38,6 +39,7 @@ __all__ = [
     "RunSummary",
     "StoredRun",
     "check_record",
+    "corrupt_row",
     "join_snapshot",
     "split_snapshot",
 ]
@@ -114,25 +116,59 @@ def split_snapshot(snapshot: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     return static, dynamic
 
 
-def join_snapshot(static_blob: bytes, dynamic_blob: bytes) -> RunSnapshot:
+def join_snapshot(
+    static_blob: bytes, dynamic_blob: bytes, *, run_id: str = "?", revision: int | None = None
+) -> RunSnapshot:
     """Decode and validate a snapshot stored as its two parts.
 
     Raises:
-        SteerableError: `checkpoint_corrupt` or `checkpoint_incompatible`.
+        SteerableError: `checkpoint_corrupt` (naming `run_id` and `revision`) or
+            `checkpoint_incompatible`.
     """
     _, static = decode_body(static_blob, kind="snapshot")
     _, dynamic = decode_body(dynamic_blob, kind="snapshot")
-    if not isinstance(static, dict) or not isinstance(dynamic, dict):
-        raise SteerableError(
-            AgentError.of(ErrorCode.CHECKPOINT_CORRUPT, "a snapshot part is not a map")
+    for part in (static, dynamic):
+        if not isinstance(part, dict):
+            raise corrupt_row(run_id, revision, "a snapshot part is not a map")
+        if not part.keys() <= _SNAPSHOT_KEYS:  # before merging a crafted part's millions
+            extra = next(k for k in part if k not in _SNAPSHOT_KEYS)
+            raise corrupt_row(
+                run_id,
+                revision,
+                f"snapshot does not validate: unknown key {str(extra)[:40]!r} "
+                f"(of {len(part)} keys)",
+            )
+    return _validated({**static, **dynamic}, run_id=run_id, revision=revision)
+
+
+def corrupt_row(run_id: str, revision: int | None, problem: str, **details: Any) -> SteerableError:
+    """`checkpoint_corrupt` for a stored row of run `run_id` (at `revision`, if known)."""
+    where = f"run {run_id}" if revision is None else f"run {run_id} revision {revision}"
+    return SteerableError(
+        AgentError.of(
+            ErrorCode.CHECKPOINT_CORRUPT,
+            f"{where}: {problem}",
+            run_id=run_id,
+            revision=revision,
+            **details,
         )
-    return _validated({**static, **dynamic})
+    )
 
 
-def _validated(body: dict[str, Any]) -> RunSnapshot:
+_MAX_LISTED_ERRORS = 5
+_SNAPSHOT_KEYS = frozenset(RunSnapshot.model_fields)
+
+
+def _validated(
+    body: dict[str, Any], *, run_id: str = "?", revision: int | None = None
+) -> RunSnapshot:
+    # The shape first: pydantic would build one error per unknown key of a crafted row.
+    problem = first_shape_error((RunSnapshot,), body)
+    if problem is not None:
+        raise corrupt_row(run_id, revision, f"snapshot does not validate: {problem}")
     metrics = body.get("metrics")
-    if isinstance(metrics, dict):  # counters kept once, at the top level
-        usage = body.get("usage") or {}
+    usage = body.get("usage") or {}
+    if isinstance(metrics, dict) and isinstance(usage, dict):  # counters kept once, at the top
         body = {
             **body,
             "metrics": {
@@ -146,15 +182,19 @@ def _validated(body: dict[str, Any]) -> RunSnapshot:
     try:
         return RunSnapshot.model_validate(body)
     except ValidationError as exc:
-        raise SteerableError(
-            AgentError.of(
-                ErrorCode.CHECKPOINT_CORRUPT,
-                f"snapshot does not validate: {exc.error_count()} errors",
-                errors=exc.errors(include_url=False, include_context=False, include_input=False)[
-                    :5
-                ],
-            )
+        count = exc.error_count()
+        listed = (
+            exc.errors(include_url=False, include_context=False, include_input=False)[
+                :_MAX_LISTED_ERRORS
+            ]
+            if count <= 100  # listing builds every error: only for a handful
+            else []
+        )
+        raise corrupt_row(
+            run_id, revision, f"snapshot does not validate: {count} errors", errors=listed
         ) from None
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise corrupt_row(run_id, revision, f"snapshot does not validate: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +249,17 @@ class CheckpointStore(ABC):
         """
 
     @abstractmethod
-    def journal(self, run_id: str, result: ToolResult | SubagentResult) -> None:
+    def journal(
+        self,
+        run_id: str,
+        result: ToolResult | SubagentResult,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
         """Store one call's result as it arrives, before its plan completes.
+
+        A store that writes later (a writer thread) calls `on_failed(error)` if it gives the
+        write up; it must be quick (a `tell`).
 
         Raises:
             TypeError, ValueError: `check_record` refuses it; nothing is stored.
@@ -225,13 +274,17 @@ class CheckpointStore(ABC):
         entries_from: int,
         entries: Sequence[TranscriptEntry],
         on_stored: Callable[[], None] | None = None,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
     ) -> None:
         """Store revision `revision`: `snapshot` (a RunSnapshot body) and the new entries.
 
         May return before the data is on disk (a writer thread), but revisions of one run
         are stored in order and a later `load` sees every revision written before it.
         `on_stored()` is called once the revision is stored (committed, for a durable store);
-        it must be quick (a `tell`).
+        `on_failed(error)` instead if the store gave the write up (`store_unavailable`),
+        exactly one of the two. Both must be quick (a `tell`). A revision whose predecessor
+        was given up must not be stored (it would hold a transcript with a hole).
         """
 
     @abstractmethod
@@ -295,7 +348,14 @@ class MemoryStore(CheckpointStore):
         with self._lock:
             self._run(run_id).messages.append(message)
 
-    def journal(self, run_id: str, result: ToolResult | SubagentResult) -> None:
+    def journal(
+        self,
+        run_id: str,
+        result: ToolResult | SubagentResult,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
+        del on_failed  # kept in memory: it cannot fail later
         check_record(result)
         with self._lock:
             self._run(run_id).journal[result.call_id] = result
@@ -308,7 +368,10 @@ class MemoryStore(CheckpointStore):
         entries_from: int,
         entries: Sequence[TranscriptEntry],
         on_stored: Callable[[], None] | None = None,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
     ) -> None:
+        del on_failed  # stored before this returns, or it raises
         dynamic = {k: v for k, v in snapshot.items() if k not in _STATIC}
         with self._lock:
             run = self._run(run_id)
@@ -337,7 +400,7 @@ class MemoryStore(CheckpointStore):
             entries = list(run.entries)
             journal = dict(run.journal) if latest else {}
             messages = list(run.messages)
-        snapshot = _validated(body)
+        snapshot = _validated(body, run_id=run_id, revision=index)
         return StoredRun(
             snapshot=snapshot,
             transcript=entries[: snapshot.transcript_len],

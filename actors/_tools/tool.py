@@ -82,12 +82,24 @@ class Tool(Generic[P, R]):
         description: Shown to models; defaults to the docstring's first paragraph.
         namespace: Extra names for resolving string annotations (locals of the defining
             function when decorated with `@tool`).
+        isolation: "thread" (the default: a worker thread of the host) or "process" (a warm
+            worker process that is killed on cancel, interrupt and timeout; docs/isolation.md).
+        executor: The name of a runtime executor to run the call on instead (e.g. "ray").
+        memory_limit: Bytes of address space a process-isolated call may use (RLIMIT_AS).
+        cpu_seconds: CPU seconds a process-isolated call may use (RLIMIT_CPU).
+        max_result_bytes: The largest result accepted, as msgpack bytes. Default 1,000,000.
+        num_cpus: CPUs a Ray task reserves (Ray executor only).
+        resources: Custom Ray resources a Ray task reserves (Ray executor only).
 
     Attributes:
         spec: The tool's `ToolSpec`, with the JSON schema of its arguments.
         fn: The original function.
         is_async: Whether `fn` is an `async def`.
         wants_context: Whether `fn` has a `ToolContext` parameter.
+        executor: None for a call in the host ("thread", or the event loop for `async def`),
+            "process" for process isolation, else the name of a runtime executor.
+        executor_options: The executor's per-call options (limits, Ray resources).
+        max_result_bytes: The largest result accepted, as msgpack bytes.
     """
 
     spec: ToolSpec
@@ -107,6 +119,13 @@ class Tool(Generic[P, R]):
         version: str = "1",
         description: str | None = None,
         namespace: Mapping[str, Any] | None = None,
+        isolation: str = "thread",
+        executor: str | None = None,
+        memory_limit: int | None = None,
+        cpu_seconds: float | None = None,
+        max_result_bytes: int | None = None,
+        num_cpus: float | None = None,
+        resources: Mapping[str, float] | None = None,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"@tool needs a function, got {fn!r}")
@@ -120,6 +139,12 @@ class Tool(Generic[P, R]):
             raise TypeError(f"tool {name!r}: generators are not supported; return a value")
         self.fn = fn
         self.is_async = _is_async(fn)
+        placement = check_placement(
+            isolation, executor, memory_limit, cpu_seconds, max_result_bytes, num_cpus, resources
+        )
+        self.executor, self.executor_options, self.max_result_bytes = placement
+        if self.executor is not None:
+            _check_importable(fn, name)
         parameters = _tool_parameters(fn, name, namespace)
         context_params = [p.name for p in parameters if _is_context_param(p)]
         if len(context_params) > 1:
@@ -234,7 +259,8 @@ class Tool(Generic[P, R]):
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"<Tool {self.spec.name!r} side_effect={self.spec.side_effect.value}>"
+        where = "" if self.executor is None else f" executor={self.executor}"
+        return f"<Tool {self.spec.name!r} side_effect={self.spec.side_effect.value}{where}>"
 
 
 class _CancelBridge:
@@ -292,6 +318,13 @@ def tool(
     honors_idempotency_key: bool = False,
     version: str = "1",
     description: str | None = None,
+    isolation: str = "thread",
+    executor: str | None = None,
+    memory_limit: int | None = None,
+    cpu_seconds: float | None = None,
+    max_result_bytes: int | None = None,
+    num_cpus: float | None = None,
+    resources: Mapping[str, float] | None = None,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
 
 
@@ -306,6 +339,13 @@ def tool(
     honors_idempotency_key: bool = False,
     version: str = "1",
     description: str | None = None,
+    isolation: str = "thread",
+    executor: str | None = None,
+    memory_limit: int | None = None,
+    cpu_seconds: float | None = None,
+    max_result_bytes: int | None = None,
+    num_cpus: float | None = None,
+    resources: Mapping[str, float] | None = None,
 ) -> Tool[P, R] | Callable[[Callable[P, R]], Tool[P, R]]:
     """Make a function a tool; usable as `@tool` and `@tool(...)`.
 
@@ -320,12 +360,22 @@ def tool(
             a write may be re-dispatched after a crash; default False.
         version: The author's version string, compared on resume; default "1".
         description: Shown to models; default the docstring's first paragraph.
+        isolation: "thread" (default) or "process": the call runs in a warm worker process
+            that is killed (SIGKILL of its process group) on cancel, interrupt and timeout; the
+            function must be module-level in an importable module (docs/isolation.md).
+        executor: Run calls on the runtime's executor of this name instead, e.g. "ray"
+            (`Runtime(executors=...)`; "ray" gets a default `RayExecutor`).
+        memory_limit: Process isolation: bytes of address space (RLIMIT_AS) a call may use.
+        cpu_seconds: Process isolation: CPU seconds (RLIMIT_CPU) a call may use.
+        max_result_bytes: The largest result accepted, as msgpack bytes; default 1,000,000.
+        num_cpus: Ray: CPUs each call's task reserves.
+        resources: Ray: custom resources each call's task reserves.
 
     Returns:
         A `Tool`, or a decorator that makes one.
 
     Raises:
-        ValueError: A bad name, side effect, timeout or version.
+        ValueError: A bad name, side effect, timeout, version, isolation or limit.
         TypeError: A signature the runtime cannot call by name, or an annotation pydantic
             cannot validate.
     """
@@ -337,6 +387,13 @@ def tool(
         "honors_idempotency_key": honors_idempotency_key,
         "version": version,
         "description": description,
+        "isolation": isolation,
+        "executor": executor,
+        "memory_limit": memory_limit,
+        "cpu_seconds": cpu_seconds,
+        "max_result_bytes": max_result_bytes,
+        "num_cpus": num_cpus,
+        "resources": resources,
     }
     if fn is not None:
         return Tool(fn, namespace=_caller_locals(), **options)
@@ -344,6 +401,9 @@ def tool(
     _check_side_effect(side_effect)
     _check_timeout(timeout)
     _check_version(version)
+    check_placement(
+        isolation, executor, memory_limit, cpu_seconds, max_result_bytes, num_cpus, resources
+    )
     if name is not None:
         _check_name(None, name)
 
@@ -382,6 +442,71 @@ def _check_timeout(timeout: float | None) -> float | None:
     if not timeout > 0:  # also rejects NaN
         raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
     return float(timeout)
+
+
+DEFAULT_MAX_RESULT_BYTES = 1_000_000
+PROCESS = "process"
+
+
+def check_placement(
+    isolation: str,
+    executor: str | None,
+    memory_limit: int | None,
+    cpu_seconds: float | None,
+    max_result_bytes: int | None,
+    num_cpus: float | None,
+    resources: Mapping[str, float] | None,
+) -> tuple[str | None, dict[str, Any], int]:
+    """Check where a tool runs: `(executor or None, executor options, max_result_bytes)`."""
+    if isolation not in ("thread", PROCESS):
+        raise ValueError(f"isolation must be 'thread' or 'process', got {isolation!r}")
+    if executor is not None and (not isinstance(executor, str) or not executor):
+        raise ValueError(f"executor must be a non-empty name, got {executor!r}")
+    if isolation == PROCESS and executor not in (None, PROCESS):
+        raise ValueError(f"isolation='process' runs in the process pool, not executor={executor!r}")
+    where = PROCESS if isolation == PROCESS else executor
+    options: dict[str, Any] = {}
+    for key, value in (("memory_limit", memory_limit), ("cpu_seconds", cpu_seconds)):
+        if value is None:
+            continue
+        if where != PROCESS:
+            raise ValueError(f"{key} needs isolation='process'")
+        options[key] = _positive(key, value)
+    if (num_cpus is not None or resources is not None) and where in (None, PROCESS):
+        raise ValueError("num_cpus and resources are executor options (e.g. executor='ray')")
+    if num_cpus is not None:
+        options["num_cpus"] = _positive("num_cpus", num_cpus, allow_zero=True)
+    if resources is not None:
+        if not isinstance(resources, Mapping):
+            raise TypeError(f"resources must be a mapping of name -> amount, got {resources!r}")
+        options["resources"] = {
+            str(k): _positive(f"resources[{k!r}]", v) for k, v in resources.items()
+        }
+    limit = (
+        DEFAULT_MAX_RESULT_BYTES
+        if max_result_bytes is None
+        else int(_positive("max_result_bytes", max_result_bytes))
+    )
+    return where, options, limit
+
+
+def _positive(key: str, value: Any, *, allow_zero: bool = False) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{key} must be a number, got {value!r}")
+    if not (value >= 0 if allow_zero else value > 0):  # also rejects NaN
+        raise ValueError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return value
+
+
+def _check_importable(fn: Callable[..., Any], name: str) -> None:
+    # The worker finds the function by module and qualified name: it must be reachable so.
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+        raise TypeError(
+            f"tool {name!r}: an isolated tool must be a module-level function of an importable "
+            f"module (the worker imports it by name), not {fn!r}"
+        )
 
 
 def _check_version(version: str) -> str:

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     load_start = os.getloadavg()
     for wid, module, case in CASES:
-        if only and wid not in only:
+        if only and wid.upper() not in only:
             continue
         key = f"{module}.{case}"
         for pin in pins:
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = build_rows(results, pins)
     if only:
-        rows = [r for r in rows if r["workload"] in only]
+        rows = [r for r in rows if str(r["workload"]).upper() in only]
     print()
     print(render_text(rows, pins))
     meta = {

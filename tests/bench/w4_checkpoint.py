@@ -71,9 +71,12 @@ def timed(store_cls: type[CheckpointStore]) -> type[CheckpointStore]:
             entries_from: int,
             entries: Sequence[TranscriptEntry],
             on_stored: Callable[[], None] | None = None,
+            **kwargs: Any,
         ) -> None:
             t0 = time.perf_counter()
-            super().write_checkpoint(run_id, revision, snapshot, entries_from, entries, on_stored)
+            super().write_checkpoint(
+                run_id, revision, snapshot, entries_from, entries, on_stored, **kwargs
+            )
             t1 = time.perf_counter()
             msgpack.packb(snapshot)  # the floor: one msgpack pass over the same snapshot
             t2 = time.perf_counter()

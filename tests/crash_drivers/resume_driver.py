@@ -41,6 +41,7 @@ from steerable.actors import (
 )
 from steerable.actors.testing import ScriptedAgent, wait_event
 from steerable.protocol import (
+    AgentError,
     EventKind,
     Finish,
     HostMessage,
@@ -116,8 +117,14 @@ class HeldStore(CheckpointStore):
     def append_message(self, run_id: str, message: HostMessage) -> None:
         self.inner.append_message(run_id, message)
 
-    def journal(self, run_id: str, result: ToolResult | SubagentResult) -> None:
-        self.inner.journal(run_id, result)
+    def journal(
+        self,
+        run_id: str,
+        result: ToolResult | SubagentResult,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
+        self.inner.journal(run_id, result, on_failed=on_failed)
 
     def write_checkpoint(
         self,
@@ -127,10 +134,14 @@ class HeldStore(CheckpointStore):
         entries_from: int,
         entries: Sequence[TranscriptEntry],
         on_stored: Callable[[], None] | None = None,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
     ) -> None:
         if revision == 0:
             self.release.wait()
-        self.inner.write_checkpoint(run_id, revision, snapshot, entries_from, entries, on_stored)
+        self.inner.write_checkpoint(
+            run_id, revision, snapshot, entries_from, entries, on_stored, on_failed=on_failed
+        )
 
     def load(self, run_id: str, revision: int | None = None) -> StoredRun:
         return self.inner.load(run_id, revision)

@@ -1,0 +1,112 @@
+"""Bounded previews of values for event payloads: what a live UI renders, never the record.
+
+Events carry previews of arguments, results, decisions and outputs so a page can show a run
+without loading its transcript; the transcript keeps the values themselves. A preview is
+JSON-like, holds no secret in clear (secrets become their references, as in the transcript),
+and is bounded whatever the value: strings past `PREVIEW_CHARS` characters are cut, containers
+past `PREVIEW_ITEMS` items are cut, nesting past `PREVIEW_DEPTH` levels is summarised. A cut is
+marked in place (`"…(+N chars)"`, a trailing `"…(+N items)"`), so a reader knows it is partial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel
+
+from steerable.protocol import AskUser, Finish, Plan, SubagentCall, ToolCall
+from steerable.protocol.codec import redact
+
+from .base import ToolLike
+from .recording import checked_arguments, recorded_arguments
+
+__all__ = ["PREVIEW_CHARS", "PREVIEW_DEPTH", "PREVIEW_ITEMS", "decision_preview", "preview"]
+
+PREVIEW_CHARS = 500
+"""Characters of a string kept in a preview."""
+PREVIEW_ITEMS = 20
+"""Items of a list or keys of a dict kept in a preview."""
+PREVIEW_DEPTH = 4
+"""Nesting levels kept in a preview; deeper containers become a short summary."""
+
+_SCALARS = (bool, int, float, type(None))
+
+
+def preview(value: Any) -> Any:
+    """A bounded, JSON-like, secret-free preview of `value` (see the module docstring)."""
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, str) and len(value) <= PREVIEW_CHARS:
+        return value
+    return _cut(redact(value), 0)
+
+
+def _cut(value: Any, depth: int) -> Any:
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, str):
+        if len(value) <= PREVIEW_CHARS:
+            return value
+        return f"{value[:PREVIEW_CHARS]}…(+{len(value) - PREVIEW_CHARS} chars)"
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    if isinstance(value, dict):
+        if depth >= PREVIEW_DEPTH:
+            return f"<dict of {len(value)}>"
+        out: dict[str, Any] = {}
+        for i, (key, item) in enumerate(value.items()):
+            if i == PREVIEW_ITEMS:
+                out["…"] = f"(+{len(value) - PREVIEW_ITEMS} items)"
+                break
+            out[key if isinstance(key, str) else str(key)] = _cut(item, depth + 1)
+        return out
+    if isinstance(value, list | tuple | set | frozenset):
+        items = list(value)
+        if depth >= PREVIEW_DEPTH:
+            return f"<list of {len(items)}>"
+        kept = [_cut(item, depth + 1) for item in items[:PREVIEW_ITEMS]]
+        if len(items) > PREVIEW_ITEMS:
+            kept.append(f"…(+{len(items) - PREVIEW_ITEMS} items)")
+        return kept
+    text = f"<{len(value)} bytes>" if isinstance(value, bytes) else repr(value)
+    return text if len(text) <= PREVIEW_CHARS else f"{text[:PREVIEW_CHARS]}…"
+
+
+def decision_preview(
+    decision: Plan | Finish | AskUser, tools: Mapping[str, ToolLike]
+) -> dict[str, Any]:
+    """What `reasoning_finished` shows of a decision: its kind, thought and content.
+
+    A plan step's arguments are shown as the transcript records them (`recorded_arguments`):
+    a parameter the tool declares secret is only its reference, whatever the agent sent.
+    """
+    out: dict[str, Any] = {"decision": decision.kind}
+    thought = getattr(decision, "thought", None)
+    if thought:
+        out["thought"] = preview(thought)
+    if isinstance(decision, Plan):
+        steps: list[dict[str, Any]] = []
+        for step in decision.steps[:PREVIEW_ITEMS]:
+            if isinstance(step, SubagentCall):
+                steps.append({"agent": step.agent, "task": preview(step.task)})
+            else:
+                steps.append({"tool": step.name, "arguments": _step_arguments(step, tools)})
+        out["steps"] = steps
+        if len(decision.steps) > PREVIEW_ITEMS:
+            out["more_steps"] = len(decision.steps) - PREVIEW_ITEMS
+    elif isinstance(decision, Finish):
+        out["output"] = preview(decision.output)
+    else:
+        out["question"] = preview(decision.question)
+    return out
+
+
+def _step_arguments(step: ToolCall, tools: Mapping[str, ToolLike]) -> Any:
+    if not step.arguments:
+        return {}
+    problem = checked_arguments(step.name, step.arguments, validated=False)
+    if problem is not None:
+        return "<arguments that cannot be stored>"
+    tool = tools.get(step.name)
+    return preview(recorded_arguments(None if tool is None else tool.spec, step.arguments, None))

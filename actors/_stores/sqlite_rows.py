@@ -1,0 +1,112 @@
+"""Reading SqliteStore rows that may be damaged or crafted: every way a row can be wrong
+becomes `checkpoint_corrupt` naming the run and revision (docs/reliability.md, "Store faults")."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from steerable.protocol import AgentError, ErrorCode, RunState, SteerableError
+from steerable.protocol._codec import decode, decode_body
+
+from .store import RevisionInfo, RunSummary, corrupt_row
+
+__all__ = ["checked", "checksum", "corrupt", "decoded", "named", "revision_info", "summary"]
+
+_T = TypeVar("_T")
+
+
+def checksum(blob: bytes) -> int:
+    """The CRC32 every row carries of its bytes."""
+    return zlib.crc32(blob)
+
+
+def checked(blob: bytes, crc: int, run_id: str, what: str) -> bytes:
+    """The row's bytes, if their checksum holds (the codec alone cannot see a flipped bit
+    inside a string or a number)."""
+    if not isinstance(blob, bytes) or zlib.crc32(blob) != crc:
+        raise corrupt(
+            f"run {run_id}: {what} fails its checksum (damaged or truncated row)",
+            run_id=run_id,
+            row=what,
+        )
+    return blob
+
+
+def named(run_id: str, revision: int | None, read: Callable[[], _T]) -> _T:
+    """`read()`, with every way a crafted row can fail it turned into `checkpoint_corrupt`
+    naming the run and revision."""
+    try:
+        return read()
+    except SteerableError as exc:
+        if exc.code is not ErrorCode.CHECKPOINT_CORRUPT or exc.error.details.get("run_id"):
+            raise
+        raise corrupt_row(run_id, revision, exc.error.message) from None
+    except (KeyError, TypeError, ValueError, OverflowError, RecursionError, MemoryError) as exc:
+        raise corrupt_row(run_id, revision, f"{type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def decoded(blob: bytes, crc: int, run_id: str, revision: int | None, what: str, kind: str) -> Any:
+    """The record a row holds, checked and validated, or `checkpoint_corrupt` naming it."""
+    return named(run_id, revision, lambda: decode(checked(blob, crc, run_id, what), kind=kind))
+
+
+def revision_info(run_id: str, revision: int | None, blob: bytes, crc: int) -> RevisionInfo:
+    """A `revisions` row as a RevisionInfo (raises plain errors: call it through `named`)."""
+    _, body = decode_body(checked(blob, crc, run_id, f"revision {revision}"), kind="snapshot")
+    if not isinstance(body, dict):
+        raise TypeError("the revision is not a map")
+    info = RevisionInfo(
+        run_id=run_id,
+        revision=_int(body["revision"]),
+        state=RunState(body["state"]),
+        transcript_len=_int(body["transcript_len"]),
+        updated_at=_number(body["updated_at"]),
+    )
+    if info.revision != revision:
+        raise ValueError(f"the row of revision {revision} holds revision {info.revision}")
+    return info
+
+
+def summary(row: tuple[Any, ...]) -> RunSummary:
+    """A `runs` row as a RunSummary, every column checked."""
+    run_id = row[0]
+    if not isinstance(run_id, str):
+        raise corrupt_row(repr(run_id)[:40], None, "the run id is not text")
+    revision = row[2] if type(row[2]) is int else None
+    return named(
+        run_id,
+        revision,
+        lambda: RunSummary(
+            run_id=run_id,
+            state=RunState(row[1]),
+            revision=_int(row[2]),
+            task=_text(row[3]),
+            agent=_text(row[4]),
+            parent_run_id=None if row[5] is None else _text(row[5]),
+            updated_at=_number(row[6]),
+        ),
+    )
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, found {type(value).__name__}")
+    return value
+
+
+def _number(value: Any) -> float:
+    if type(value) not in (int, float):
+        raise TypeError(f"expected a number, found {type(value).__name__}")
+    return float(value)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected text, found {type(value).__name__}")
+    return value
+
+
+def corrupt(message: str, **details: Any) -> SteerableError:
+    return SteerableError(AgentError.of(ErrorCode.CHECKPOINT_CORRUPT, message, **details))

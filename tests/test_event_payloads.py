@@ -1,0 +1,107 @@
+"""Events a UI can render: each kind's payload (docs/states-and-errors.md, "Events"), bounded
+previews of values, and no secret in clear."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import SecretStr
+
+from steerable.actors import Runtime, tool
+from steerable.actors._machine.preview import PREVIEW_CHARS, PREVIEW_DEPTH, PREVIEW_ITEMS, preview
+from steerable.actors.testing import ScriptedAgent
+from steerable.protocol import AskUser, EventKind, Finish, Plan, RunEvent, ToolCall
+
+WAIT = 10.0
+
+
+@tool(side_effect="none")
+def echo(text: str, token: SecretStr | None = None) -> str:
+    return text.upper()
+
+
+@tool(side_effect="none")
+def fail() -> str:
+    raise ValueError("no luck")
+
+
+def _events(agent: Any) -> list[RunEvent]:
+    with Runtime(tools=[echo, fail]) as rt:
+        handle = rt.start("the task", agent=agent)
+        handle.result(timeout=WAIT)
+        return list(handle.events())
+
+
+def _of(events: list[RunEvent], kind: EventKind) -> list[dict[str, Any]]:
+    return [e.data for e in events if e.kind is kind]
+
+
+def test_tool_events_carry_arguments_values_and_errors() -> None:
+    plan = Plan(
+        steps=[
+            ToolCall(name="echo", arguments={"text": "hi", "token": "s3cr3t-token-XYZ"}),
+            ToolCall(name="fail"),
+        ],
+        thought="look it up",
+    )
+    events = _events(ScriptedAgent([plan, Finish(output={"answer": 42})]))
+    started = _of(events, EventKind.TOOL_STARTED)
+    assert started[0]["tool"] == "echo"
+    assert started[0]["arguments"]["text"] == "hi"
+    assert started[0]["arguments"]["token"].startswith("secret:sha256:")
+    assert started[1]["arguments"] == {}
+    finished = {d["tool"]: d for d in _of(events, EventKind.TOOL_FINISHED)}
+    assert finished["echo"]["ok"] is True
+    assert finished["echo"]["value"] == "HI"
+    assert finished["fail"]["ok"] is False
+    assert finished["fail"]["error"] == "handler_error"
+    assert "no luck" in finished["fail"]["message"]
+    assert finished["fail"]["duration"] >= 0
+    reasoned = _of(events, EventKind.REASONING_FINISHED)
+    assert reasoned[0]["decision"] == "plan"
+    assert reasoned[0]["thought"] == "look it up"
+    assert [s["tool"] for s in reasoned[0]["steps"]] == ["echo", "fail"]
+    assert reasoned[0]["steps"][0]["arguments"]["token"].startswith("secret:sha256:")
+    assert reasoned[1] == {"model_call": 2, "decision": "finish", "output": {"answer": 42}}
+    (ended,) = _of(events, EventKind.RUN_ENDED)
+    assert ended["state"] == "finished"
+    assert ended["output"] == {"answer": 42}
+    assert ended["revision"] >= 1
+    assert "s3cr3t-token-XYZ" not in repr(events)
+
+
+def test_ask_user_shows_its_question_and_long_values_are_cut() -> None:
+    long = "x" * (PREVIEW_CHARS + 100)
+    agent = ScriptedAgent([Plan(steps=[ToolCall(name="echo", arguments={"text": long})]),
+                           AskUser(question="which one?")])  # fmt: skip
+    with Runtime(tools=[echo]) as rt:
+        handle = rt.start("t", agent=agent)
+        for event in handle.events(timeout=WAIT):
+            if event.kind is EventKind.REASONING_FINISHED and event.data["decision"] == "ask_user":
+                assert event.data["question"] == "which one?"
+                break
+        handle.cancel()
+        handle.result(timeout=WAIT)
+        everything = list(handle.events())
+    (started,) = _of(everything, EventKind.TOOL_STARTED)
+    assert started["arguments"]["text"] == "x" * PREVIEW_CHARS + "…(+100 chars)"
+    (finished,) = _of(everything, EventKind.TOOL_FINISHED)
+    assert finished["value"].endswith("…(+100 chars)")
+
+
+def test_previews_are_bounded_in_items_and_depth() -> None:
+    assert preview(list(range(PREVIEW_ITEMS + 5)))[-1] == "…(+5 items)"
+    wide = preview({str(i): i for i in range(PREVIEW_ITEMS + 3)})
+    assert len(wide) == PREVIEW_ITEMS + 1
+    assert wide["…"] == "(+3 items)"
+    deep: Any = "bottom"
+    for _ in range(PREVIEW_DEPTH + 3):
+        deep = [deep]
+    cut = preview(deep)
+    for _ in range(PREVIEW_DEPTH):
+        cut = cut[0]
+    assert cut == "<list of 1>"
+    assert preview(b"\x00" * 10) == "<10 bytes>"
+    assert preview({"k": SecretStr("pw")})["k"].startswith("secret:sha256:")
+    assert preview(3) == 3
+    assert preview(None) is None
