@@ -153,8 +153,18 @@ def test_run_demo_in_process_is_deterministic_and_leaves_nothing(tmp_path: Path)
     finished, cancelled = outcomes
     assert finished.metrics.retries == 1
     assert finished.metrics.messages_delivered == 2
-    assert [e.code.value for e in finished.errors] == []
-    assert [e.code.value for e in cancelled.errors] == ["cancelled"]
+    # R6: every error, in order, naming its call (the interrupted one, the write that may
+    # have happened, the retried attempt); the run's own error last.
+    assert [(e.code.value, e.details.get("call_id")) for e in finished.errors] == [
+        ("cancelled", "c2.0"),
+        ("side_effect_unknown", "c4.0"),
+        ("handler_error", "c5.0"),
+    ]
+    assert finished.errors[-1].details["retried"] is True
+    assert [(e.code.value, e.details.get("call_id")) for e in cancelled.errors] == [
+        ("cancelled", "c1.0"),
+        ("cancelled", None),
+    ]
     # The same story every time: only time offsets and run ids differ between runs.
     second = _run(
         "-m", "steerable.actors._cli", "demo", "--memory", "--timeline", str(tmp_path / "t.html")

@@ -369,7 +369,7 @@ def _summary(p: _Printer, outcomes: list[RunOutcome], checks: list[bool], left: 
         p.out(f"  run {label} ..{outcome.run_id[-6:]}  {outcome.state.value}")
         p.out(
             f"    model calls {m.model_calls}, tool steps {m.steps}, retries {m.retries}, "
-            f"tool errors {m.tool_errors}, checkpoints {m.checkpoints}; run errors: {errors}"
+            f"tool errors {m.tool_errors}, checkpoints {m.checkpoints}; errors: {errors}"
         )
     for feature, ok in zip(FEATURES, checks, strict=True):
         p.out(f"  [{'x' if ok else ' '}] {feature}")

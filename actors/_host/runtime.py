@@ -74,7 +74,8 @@ class Runtime(ObservingFace):
         max_abandoned: Abandoned (hung) worker threads tolerated before new calls are refused
             with `resource_exhausted`. Default 64.
         dispatcher_threads: Threads that run all supervisors. Default 1.
-        hook_timeout: Seconds a run waits for its hooks before giving up on them. Default 5.
+        hook_timeout: Seconds a run's hooks still pending at its end may take, after its
+            outcome is published, before they are given up. Default 5.
         thread_stack_size: If set, calls `threading.stack_size()` with it (process-global!)
             before starting threads. Default None: the process's setting is left alone.
         passivate: Runs waiting for a person give up their supervisor and are woken by
@@ -513,6 +514,8 @@ class Runtime(ObservingFace):
                 with contextlib.suppress(pykka.ActorDeadError):
                     ref.stop(block=False)
         services = self.services
+        # Hooks still pending when a run ended run after its outcome: let them finish first.
+        services.hooks_draining.wait(deadline - self.clock.now())
         services.dispatcher.stop(timeout=max(0.1, deadline - self.clock.now()))
         services.timer.stop(timeout=max(0.1, deadline - self.clock.now()))
         left = services.pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
