@@ -433,13 +433,12 @@ class RunSupervisor(SteerableActor, MuxActor):
         if work is not None:
             work.scope.cancel(reason)
         elif key == MODEL_KEY and self._held_decide is not None:
-            model_call = self._held_decide[1][0]
+            # Started, then cancelled at once, as an unheld call would be: the agent still
+            # sees the messages its view delivers (each delivered message is seen once).
+            args = self._held_decide[1]
             self._held_decide = None
-            error = AgentError.of(
-                ErrorCode.CANCELLED,
-                f"model call {model_call} was cancelled ({reason}) before it started",
-            )
-            self.actor_ref.tell(Decided(model_call, None, None, error, None, 0.0))
+            self._start_decide(*args)
+            self._work[MODEL_KEY].scope.cancel(reason)
         elif self._held:
             self._release_held(
                 key,
