@@ -1,8 +1,11 @@
 """steerable.actors: everything that runs.
 
 The pykka actors (`RunSupervisor`, `ChildRun` for subagents, `ToolWorker`), the `Runtime`
-facade a host embeds, tools, stores and the CLI. Test helpers live in `steerable.actors.testing`.
+facade a host embeds, tools, stores, observability (the event feed, OpenTelemetry bridges,
+timelines) and the CLI. Test helpers live in `steerable.actors.testing`.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from ._engine.cancel import Cancelled, CancelScope
 from ._engine.clock import Clock, ManualClock, SystemClock
@@ -15,6 +18,7 @@ from ._host.events import EventStream
 from ._host.handle import RunHandle
 from ._host.runtime import Runtime, RunTree
 from ._host.supervisor import RunSupervisor
+from ._observe.feed import FeedStream
 from ._stores.replay import Replay
 from ._stores.sqlite import SqliteStore
 from ._stores.store import CheckpointStore, MemoryStore, RevisionInfo, RunSummary, StoredRun
@@ -35,6 +39,7 @@ __all__ = [
     "Clock",
     "EventStream",
     "Executor",
+    "FeedStream",
     "ManualClock",
     "MemoryStore",
     "OutcomeKind",
@@ -57,5 +62,29 @@ __all__ = [
     "ToolArgumentsError",
     "ToolContext",
     "ToolWorker",
+    "chrome_trace",
+    "timeline_html",
     "tool",
+    "write_timeline",
 ]
+
+if TYPE_CHECKING:
+    from ._observe.chrome import chrome_trace
+    from ._observe.files import write_timeline
+    from ._observe.timeline import timeline_html
+
+_LAZY = {
+    "chrome_trace": "._observe.chrome",
+    "timeline_html": "._observe.timeline",
+    "write_timeline": "._observe.files",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # The timeline renderers load on first use: most processes never draw one.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module, __name__), name)

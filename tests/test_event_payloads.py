@@ -62,7 +62,13 @@ def test_tool_events_carry_arguments_values_and_errors() -> None:
     assert reasoned[0]["thought"] == "look it up"
     assert [s["tool"] for s in reasoned[0]["steps"]] == ["echo", "fail"]
     assert reasoned[0]["steps"][0]["arguments"]["token"].startswith("secret:sha256:")
-    assert reasoned[1] == {"model_call": 2, "decision": "finish", "output": {"answer": 42}}
+    assert reasoned[1] == {
+        "model_call": 2,
+        "decision": "finish",
+        "output": {"answer": 42},
+        "input_tokens": 0,  # the decision's usage (docs/states-and-errors.md)
+        "output_tokens": 0,
+    }
     (ended,) = _of(events, EventKind.RUN_ENDED)
     assert ended["state"] == "finished"
     assert ended["output"] == {"answer": 42}

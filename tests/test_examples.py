@@ -79,6 +79,7 @@ DEMO_STORY = [
     "run A <id>  finished",
     "run B <id>  cancelled",
     "threads left behind: none",
+    "Timeline of both runs (open it in a browser): <path>",
 ]
 
 
@@ -100,7 +101,8 @@ def _run(*args: str, db: Path | None = None) -> subprocess.CompletedProcess[str]
 def _normalize(text: str) -> list[str]:
     """The output without what legitimately varies: time offsets and run ids."""
     untimed = (re.sub(r"^ *\d+\.\d{3}s  ", "", line) for line in text.splitlines())
-    return [re.sub(r"\.\.[0-9A-Z]{6}\b", "<id>", line) for line in untimed]
+    unpathed = (re.sub(r"(open it in a browser\): ).*", r"\1<path>", line) for line in untimed)
+    return [re.sub(r"\.\.[0-9A-Z]{6}\b", "<id>", line) for line in unpathed]
 
 
 def _assert_in_order(lines: list[str], markers: list[str]) -> None:
@@ -128,26 +130,45 @@ def test_example_runs(path: Path) -> None:
 
 
 def test_cli_demo_tells_the_whole_story(tmp_path: Path) -> None:
-    done = _run("-m", "steerable.actors._cli", "demo", db=tmp_path / "runs.db")
+    timeline = tmp_path / "timeline.html"
+    done = _run(
+        "-m", "steerable.actors._cli", "demo", "--timeline", str(timeline), db=tmp_path / "runs.db"
+    )
     assert done.returncode == 0, f"steerable demo failed:\n{done.stdout}\n{done.stderr}"
     assert done.stderr == ""
     lines = _normalize(done.stdout)
     _assert_in_order(lines, DEMO_STORY)
     _assert_in_order(lines, [f"[x] {feature}" for feature in FEATURES])
     assert not any(line.lstrip().startswith("[ ]") for line in lines)
+    assert done.stdout.splitlines()[-2].endswith(f"open it in a browser): {timeline}")
+    page = timeline.read_text()
+    assert page.startswith("<!DOCTYPE html>")
+    assert "<svg" in page
 
 
-def test_run_demo_in_process_is_deterministic_and_leaves_nothing() -> None:
+def test_run_demo_in_process_is_deterministic_and_leaves_nothing(tmp_path: Path) -> None:
     first: list[str] = []
-    outcomes = run_demo(first.append)
+    outcomes = run_demo(first.append, timeline=tmp_path / "in-process.html")
     assert [o.state for o in outcomes] == [RunState.FINISHED, RunState.CANCELLED]
     finished, cancelled = outcomes
     assert finished.metrics.retries == 1
     assert finished.metrics.messages_delivered == 2
-    assert [e.code.value for e in finished.errors] == []
-    assert [e.code.value for e in cancelled.errors] == ["cancelled"]
+    # R6: every error, in order, naming its call (the interrupted one, the write that may
+    # have happened, the retried attempt); the run's own error last.
+    assert [(e.code.value, e.details.get("call_id")) for e in finished.errors] == [
+        ("cancelled", "c2.0"),
+        ("side_effect_unknown", "c4.0"),
+        ("handler_error", "c5.0"),
+    ]
+    assert finished.errors[-1].details["retried"] is True
+    assert [(e.code.value, e.details.get("call_id")) for e in cancelled.errors] == [
+        ("cancelled", "c1.0"),
+        ("cancelled", None),
+    ]
     # The same story every time: only time offsets and run ids differ between runs.
-    second = _run("-m", "steerable.actors._cli", "demo", "--memory")
+    second = _run(
+        "-m", "steerable.actors._cli", "demo", "--memory", "--timeline", str(tmp_path / "t.html")
+    )
     assert _normalize("\n".join(first)) == _normalize(second.stdout)
 
 
@@ -164,7 +185,9 @@ def test_cli_lists_its_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_reads_the_demo_runs_back_from_sqlite(tmp_path: Path) -> None:
     db = tmp_path / "runs.db"
-    demo = _run("-m", "steerable.actors._cli", "demo", db=db)
+    demo = _run(
+        "-m", "steerable.actors._cli", "demo", "--timeline", str(tmp_path / "t.html"), db=db
+    )
     assert demo.returncode == 0, demo.stderr
     runs = _run("-m", "steerable.actors._cli", "runs", db=db)
     assert runs.returncode == 0, runs.stderr

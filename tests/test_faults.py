@@ -16,6 +16,7 @@ released when the test ends, so abandoned threads exit.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import structlog
 
 from steerable.actors import Runtime, ToolContext, tool
 from steerable.actors.testing import Gate, ScriptedAgent, call, plan
@@ -392,8 +394,11 @@ def healthy_case(i: int) -> Case:
     return Case(f"healthy_{i}", agent, RunState.FINISHED)
 
 
-def check_outcome(case: Case, outcome: RunOutcome) -> list[str]:
-    """What is wrong with `outcome` for `case` (empty: as expected)."""
+def check_outcome(case: Case, outcome: RunOutcome, late_hooks: set[str]) -> list[str]:
+    """What is wrong with `outcome` for `case` (empty: as expected).
+
+    `late_hooks`: runs whose hook failed, or was given up, after their outcome was published
+    (logged: docs/states-and-errors.md "Phases and hooks")."""
     problems: list[str] = []
     codes = [e.code.value for e in outcome.errors]
     if outcome.state is not case.state:
@@ -411,7 +416,9 @@ def check_outcome(case: Case, outcome: RunOutcome) -> list[str]:
         if last is None or last.code is not case.run_code:
             problems.append(f"ended with {codes}, expected {case.run_code.value}")
     elif case.hook_error:
-        if ErrorCode.HOOK_ERROR.value not in codes or set(codes) != {"hook_error"}:
+        # R13: recorded on the run if the hook ran before its end, else logged after it
+        recorded = ErrorCode.HOOK_ERROR.value in codes or outcome.run_id in late_hooks
+        if not recorded or set(codes) - {"hook_error"}:
             problems.append(f"errors {codes}, expected hook_error only")
         if outcome.output != "done":
             problems.append(f"output {outcome.output!r}")
@@ -420,12 +427,21 @@ def check_outcome(case: Case, outcome: RunOutcome) -> list[str]:
         want = [{"ok": want_code is None, "code": want_code}]
         if outcome.output != want:
             problems.append(f"tool result {outcome.output!r}, expected {want!r}")
-        if outcome.errors:
-            problems.append(f"a tool failure must not fail the run (R7): {codes}")
+        # R6: the tool's failure is recorded on the run, naming its call; R7: it is the
+        # only error (retried attempts aside), so it did not fail the run.
+        final = [e.code.value for e in outcome.errors if not e.details.get("retried")]
+        if final != ([] if want_code is None else [want_code]):
+            problems.append(f"errors {codes}, expected the tool's {want_code} only")
+        if any("call_id" not in e.details for e in outcome.errors):
+            problems.append(f"a tool error without its call id: {codes}")
     return problems
 
 
-def test_a_mixed_population_of_faults_leaves_every_other_run_intact(hazards: Hazards) -> None:
+def test_a_mixed_population_of_faults_leaves_every_other_run_intact(
+    hazards: Hazards, caplog: pytest.LogCaptureFixture
+) -> None:
+    structlog.reset_defaults()  # steerable logs through `logging` unless structlog is set up
+    caplog.set_level(logging.WARNING, logger="steerable")
     baseline = {t.name for t in threading.enumerate()}
     faults = population(hazards)
     cases: list[Case] = []
@@ -442,10 +458,18 @@ def test_a_mixed_population_of_faults_leaves_every_other_run_intact(hazards: Haz
             for c in cases
         ]
         outcomes = [h.result(timeout=WAIT) for h in handles]
+        # Hooks still pending at a run's end run after its outcome; wait for them (the hung
+        # ones are given up after hook_timeout) before reading what they logged.
+        assert rt.services.hooks_draining.wait(WAIT)
+        late_hooks = {
+            getattr(r, "run_id", "")
+            for r in caplog.records
+            if getattr(r, "event", None) in ("hook_error_after_end", "hooks_abandoned_after_end")
+        }
         problems = {
             f"{c.kind}#{i}": p
             for i, (c, o) in enumerate(zip(cases, outcomes, strict=True))
-            if (p := check_outcome(c, o))
+            if (p := check_outcome(c, o, late_hooks))
         }
         assert not problems, problems
         stats = rt.statistics()
@@ -548,7 +572,8 @@ def test_a_hung_hook_in_one_run_does_not_cost_another_run_its_hooks(hazards: Haz
         outcome = other.result(timeout=WAIT)
         blocker.cancel("done")
         blocker.result(timeout=WAIT)
-        hazards.release_and_join()
+    # shutdown gave up on A's hung hook after hook_timeout: its worker exits once released
+    hazards.release_and_join()
     assert outcome.state is RunState.FINISHED
     assert [e.code.value for e in outcome.errors] == [], "B's hooks were blocked by A's"
     assert seen == ["run_ended"], "B's on_finish hook never ran"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,24 @@ async def _until(stream: Any, kind: EventKind) -> Any:
     raise AssertionError(f"stream ended before {kind}")
 
 
+async def _take_until_waiting_for_user(stream: Any) -> AsyncIterator[Any]:
+    """Yield events up to and including the one that says the run waits for the user."""
+    async for event in stream:
+        yield event
+        data = event.data
+        if event.kind is EventKind.STATE_CHANGED and data.get("to") == "waiting":  # noqa: SIM102
+            if data.get("waiting_for") == "user":
+                return
+    raise AssertionError("stream ended before the run waited for the user")
+
+
+async def _until_waiting_for_user(stream: Any) -> None:
+    """Read up to the event that says the run now waits for the user (the event, not the
+    handle's state: that is published after the handler that appended the event)."""
+    async for _ in _take_until_waiting_for_user(stream):
+        pass
+
+
 def test_every_operation_has_an_awaitable_form_that_stores_off_the_loop() -> None:
     store = ThreadRecordingStore()
 
@@ -69,15 +88,13 @@ def test_every_operation_has_an_awaitable_form_that_stores_off_the_loop() -> Non
                 ]
             )
             handle = await rt.astart("t", agent=agent)
-            stream = handle.events()
+            stream = handle.events(timeout=WAIT)
             requested = [await _until(stream, EventKind.APPROVAL_REQUESTED) for _ in range(2)]
             first, second = (e.data["call_id"] for e in requested)
             assert await handle.aapprove(first) is True
             assert await handle.adeny(second, "no") is True
             assert await handle.aapprove(first) is False  # already settled
-            await _until(stream, EventKind.STATE_CHANGED)
-            while handle.state is not RunState.WAITING or handle.pending_approvals():
-                await _until(stream, EventKind.STATE_CHANGED)
+            await _until_waiting_for_user(stream)
             seq = await handle.asend("go on", mode="queue")
             assert seq > 0
             assert await handle.acancel("user pressed stop") is True
@@ -115,25 +132,25 @@ def test_a_cancelled_anext_loses_no_event_and_does_not_end_the_stream() -> None:
     async def main() -> None:
         async with Runtime() as rt:
             handle = await rt.astart("t", agent=WaitsForUser())
-            stream = handle.events()
-            while handle.state is not RunState.WAITING:
-                await _until(stream, EventKind.STATE_CHANGED)
-            # Read until the run is quiet (it waits for the user: nothing more comes).
-            while True:
+            stream = handle.events(timeout=WAIT)
+            seen = [e.seq async for e in _take_until_waiting_for_user(stream)]
+            # An SSE keep-alive loop: waits cancelled while the run is quiet. Whatever arrives
+            # in between is kept; no event may be lost or seen twice.
+            cancelled = 0
+            for _ in range(1000):
                 try:
-                    await asyncio.wait_for(stream.__anext__(), 0.05)
+                    seen.append((await asyncio.wait_for(stream.__anext__(), 0.01)).seq)
                 except TimeoutError:
-                    break
-            pending = stream.position
-            # An SSE keep-alive loop: the wait is cancelled while the run is quiet.
-            for _ in range(3):
-                with pytest.raises(TimeoutError):
-                    await asyncio.wait_for(stream.__anext__(), 0.01)
-            assert stream.position == pending
+                    cancelled += 1
+                    if cancelled == 3:
+                        break
+            assert cancelled == 3
             await handle.asend("the answer")
-            kinds = [event.kind async for event in stream]
-            assert EventKind.MESSAGE_DELIVERED in kinds
-            assert kinds[-1] is EventKind.RUN_ENDED
+            rest = [event async for event in stream]
+            seen += [e.seq for e in rest]
+            assert seen == list(range(len(seen)))
+            assert EventKind.MESSAGE_DELIVERED in [e.kind for e in rest]
+            assert rest[-1].kind is EventKind.RUN_ENDED
             assert (await handle.wait()).output == "the answer"
 
     asyncio.run(main())

@@ -250,11 +250,11 @@ def test_result_bounds_and_serialisation(rt: Runtime) -> None:
     assert small["value"] == "x" * 10
     big = _result(_one_call(rt, "big_result", size=1000))
     assert big["error"]["code"] == ErrorCode.HANDLER_ERROR
-    # The value is refused where every tool result is bounded (process tools too).
-    assert "larger than the 100 bytes" in big["error"]["message"]
+    assert "too large" in big["error"]["message"]
+    assert big["error"]["details"]["limit"] == 100
     opaque = _result(_one_call(rt, "opaque"))
     assert opaque["error"]["code"] == ErrorCode.HANDLER_ERROR
-    assert "cannot be stored" in opaque["error"]["message"]
+    assert "not serializable" in opaque["error"]["message"]
 
 
 def test_a_tool_the_worker_cannot_import_is_a_typed_error(rt: Runtime) -> None:

@@ -473,3 +473,38 @@ def test_run_deadline_while_reasoning_abandons_the_model_call() -> None:
     mark = r.mark()
     r.machine.decided(1, Finish(output="late"), None, None, 6.0, r.now)
     assert r.since(mark) == []
+
+
+# ---------------------------------------------------------------------- the outcome's errors
+
+
+def test_outcome_errors_list_every_error_in_the_order_it_happened() -> None:
+    # Issue 10, defect 5 (R6, docs/states-and-errors.md): tool errors (with their call id),
+    # retried attempts and retried model timeouts are all in RunOutcome.errors, in order.
+    r = Run(config=RunConfig(model_timeout=10.0, retry=NO_JITTER), now=0.0).start()
+    r.fire(TimerKind.MODEL_TIMEOUT, "model")  # retried
+    r.fire(TimerKind.MODEL_RETRY, "model")
+    r.decide_next(plan(call("read", i=0), call("nope"), call("write", i=1)))  # nope: unknown
+    r.report("c1.0", error=retryable("flaky"))  # retried
+    r.report("c1.2", error=AgentError.of(ErrorCode.HANDLER_ERROR, "boom"))
+    r.fire(TimerKind.TOOL_RETRY, "c1.0")
+    r.report("c1.0", "fine")
+    hook = AgentError.of(ErrorCode.HOOK_ERROR, "a hook raised")
+    r.feed("record_error", hook)
+    r.decide_next(Finish(output="done"))
+    assert r.state() is RunState.FINISHED
+    errors = r.outcome.errors
+    assert [(e.code, e.details.get("call_id"), e.details.get("retried")) for e in errors] == [
+        (ErrorCode.PROVIDER_TIMEOUT, None, True),
+        (ErrorCode.UNKNOWN_TOOL, "c1.1", None),
+        (ErrorCode.HANDLER_ERROR, "c1.0", True),
+        (ErrorCode.HANDLER_ERROR, "c1.2", None),
+        (ErrorCode.HOOK_ERROR, None, None),
+    ]
+    assert errors[0].details["retry"] == 1
+    assert errors[2].details["attempt"] == 1
+    assert errors[3].details["tool"] == "write"
+    assert errors[4] == hook
+    # Every error is an `error` event too, in the same order.
+    events = [(e.data["code"], e.data.get("call_id")) for e in r.fx.events_of(EventKind.ERROR)]
+    assert events == [(e.code.value, e.details.get("call_id")) for e in errors]

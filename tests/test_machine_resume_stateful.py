@@ -47,7 +47,11 @@ Differences the design documents, mapped explicitly (never ignored silently):
   at once and is never dispatched, and compares nothing further.
 - the window before k+1 is lost with the process except what was stored: counters kept only
   in memory (`retries`, `tool_errors`, `late_results_dropped`) lose what the window added
-  (snapshot k+1 minus snapshot k); a hook error recorded in the window is lost. When the run
+  (snapshot k+1 minus snapshot k); a hook error recorded in the window is lost, and so is the
+  error of an attempt retried in the window (like the `retries` it counts). The errors of the
+  results journaled in the window come back with them (R6), in the plan's step order (the
+  journal keeps results, not the order they came in), before the errors the resumed run
+  records itself. When the run
   ends in the window (k+1 terminal), its `cancelled` error lists in `abandoned` the work the
   resumed process abandoned, and its undelivered inbox is not compared (a message that came
   after the cancel was pending in the original, and comes after the end in the resumed run). The
@@ -117,6 +121,8 @@ else:
         call,
         plan,
     )
+
+EXAMPLES_SCALE = base.EXAMPLES_SCALE
 
 VOLATILE = ("retries", "tool_errors", "late_results_dropped")
 """Counters kept only in memory between checkpoints."""
@@ -315,7 +321,7 @@ def check_resume(run: Run, crash: Crash) -> None:
         for body in (got, want):  # never delivered either way (see the module docstring)
             body["pending_messages"] = body["delivered_seq"] = None
     assert got == want, _diff(got, want)
-    kept = [e for e in a.errors if not any(e is x for x in crash.lost_errors)]
+    kept = _kept_errors(run, crash)
     assert _errors(b.errors, ended_in_window) == _errors(kept, ended_in_window)
     if run.fx.settled_outcomes:
         mine, theirs = res.outcome, run.outcome
@@ -323,6 +329,25 @@ def check_resume(run: Run, crash: Crash) -> None:
         assert _errors(mine.errors, ended_in_window) == _errors(kept, ended_in_window)
         assert mine.revision == theirs.revision + delta
     assert res.fx.timers == run.fx.timers
+
+
+def _kept_errors(run: Run, crash: Crash) -> list[AgentError]:
+    """The original's errors as the resumed run must have them (see the module docstring)."""
+    errors = run.machine.errors
+    if not crash.before_next:
+        return list(errors)
+    start = len(crash.stored.snapshot.errors)
+    end = len(RunSnapshot.model_validate(run.fx.checkpoints[crash.k + 1].snapshot).errors)
+    window = [
+        e
+        for e in errors[start:end]
+        if not any(e is x for x in crash.lost_errors) and not e.details.get("retried")
+    ]
+    step = {pc.call_id: i for i, pc in enumerate(crash.stored.snapshot.plan)}
+    journaled = [e for e in window if e.details.get("call_id") in crash.stored.journal]
+    journaled.sort(key=lambda e: step[e.details["call_id"]])
+    rest = [e for e in window if not any(e is x for x in journaled)]
+    return [*errors[:start], *journaled, *rest, *errors[end:]]
 
 
 def _ended_at(run: Run, k: int) -> bool:
@@ -361,7 +386,7 @@ class ResumeModel(base.RunMachineModel):
 
 
 ResumeModel.TestCase.settings = settings(
-    max_examples=800,
+    max_examples=800 * EXAMPLES_SCALE,
     stateful_step_count=40,
     deadline=None,
     report_multiple_bugs=False,
@@ -444,3 +469,47 @@ def test_resume_delivers_stored_messages_at_the_boundary_they_reached() -> None:
     assert [m.content for m in r.view.delivered] == ["stop that", "and use b.txt"]
     res = _resume(r, k, before_next=True)
     assert [m.content for m in res.view.delivered] == ["stop that", "and use b.txt"]
+
+
+def test_resume_in_the_deadlines_window_ends_by_the_deadline() -> None:
+    # Found by ResumeModel (issue 10, defect 1), replayed step by step. The run's deadline
+    # stops the plan at t=15: the results of the calls it stops are journaled, then the
+    # terminal checkpoint follows. A crash between the two left a journal whose results said
+    # the deadline had fired, which resume took for the plan's own results: it completed the
+    # plan and went on past its deadline. It must end by the deadline, as the crashed run did.
+    retry = RetryPolicy(max_retries=1, backoff=0.1, jitter=False)
+    cfg = RunConfig(
+        max_steps=3,
+        max_model_calls=2,
+        max_parallel_tools=1,
+        step_timeout=30.0,
+        model_timeout=2.0,
+        total_timeout=15.0,
+        cancel_grace=0.5,
+        retry=retry,
+    )
+    m = ResumeModel()
+    steps: list[tuple[str, dict[str, Any]]] = [
+        ("start", {"cfg": cfg, "now": 0.0}),
+        ("timer_fires", {"index": 0}),  # the model call times out: retry 1 of 1
+        ("timer_fires", {"index": 0}),  # the retry's boundary
+        ("agent_decides", {"kind": "plan", "names": ["read", "read", "gated"], "tokens": 0}),
+        ("timer_fires", {"index": 1}),  # c1.0 times out at the deadline (no time to retry)
+        ("abandoned_worker_reports_late", {"index": 0}),
+        ("tool_reports", {"index": 0, "outcome": "ok", "value": None}),  # c1.1; c1.2 waits
+        ("timer_fires", {"index": 0}),  # the run's deadline
+        ("poke_the_ended_run", {"index": 0}),
+        ("poke_the_ended_run", {"index": 0}),
+    ]
+    for name, kwargs in steps:
+        if name == "agent_decides":
+            kwargs["output"] = None
+        getattr(m, name)(**kwargs)
+        m.holds()
+    assert m.run.state() is RunState.ERROR
+    m.teardown()  # resumes around every checkpoint, "before checkpoint 4" included
+    res = _resume(m.run, 3, before_next=True)
+    assert res.state() is RunState.ERROR
+    assert res.error.details.get("scope") == "run"
+    assert res.fx.dispatched == []
+    assert res.fx.decides == []

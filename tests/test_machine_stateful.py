@@ -28,6 +28,7 @@ Every message fed to the machine goes through `Run.feed`, which logs it: the res
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from hypothesis import HealthCheck, settings
@@ -95,6 +96,9 @@ else:  # pytest puts tests/ on sys.path (rootdir "prepend" import mode)
         retryable,
         typed_tool,
     )
+
+EXAMPLES_SCALE = int(os.environ.get("STEERABLE_EXAMPLES_SCALE", "1"))
+"""A one-off multiplier of the example counts (`STEERABLE_EXAMPLES_SCALE=10` for a long run)."""
 
 TOOLS = [*default_tools(), typed_tool()]
 STEP_NAMES = ["read", "put", "write", "gated", "slow", "book", "nope", "bad"]
@@ -512,7 +516,7 @@ class RunMachineModel(RuleBasedStateMachine):
 
 
 RunMachineModel.TestCase.settings = settings(
-    max_examples=400,  # ~5 s when every invariant holds
+    max_examples=400 * EXAMPLES_SCALE,  # ~5 s when every invariant holds
     stateful_step_count=40,
     deadline=None,
     report_multiple_bugs=False,

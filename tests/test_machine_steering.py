@@ -325,6 +325,38 @@ def test_interrupt_cancels_the_plan_and_delivers_the_message() -> None:
     assert r.machine.steps == 2
 
 
+def test_an_interrupted_call_that_returns_a_value_is_recorded_cancelled() -> None:
+    # Issue 10, defect 4 (docs/steering.md "Tools running"): a cooperative tool that sees the
+    # interrupt and returns is recorded as a `cancelled` error, its value kept in the details.
+    r = Run().start()
+    r.decide_next(plan(call("read")))
+    r.send("stop that", mode="interrupt")
+    r.report("c1.0", "cut")
+    (result,) = r.last_results()
+    assert not result.ok
+    assert result.value is None
+    assert result.error is not None
+    assert result.error.code is ErrorCode.CANCELLED
+    assert result.error.details["reason"] == "interrupt"
+    assert result.error.details["value"] == "cut"
+    assert r.fx.events_of(EventKind.TOOL_FINISHED)[0].data["error"] == "cancelled"
+    assert r.machine.metrics().tool_errors == 1
+
+
+def test_a_cancelled_call_that_returns_a_value_is_recorded_cancelled() -> None:
+    # docs/steering.md "Cancellation": the results of a cancelled run's calls are `cancelled`.
+    r = Run().start()
+    r.decide_next(plan(call("read")))
+    r.cancel("enough")
+    r.report("c1.0", {"partial": 1})
+    assert r.state() is RunState.CANCELLED
+    (result,) = r.fx.journal_entries
+    assert result.error is not None
+    assert result.error.code is ErrorCode.CANCELLED
+    assert result.error.details["reason"] == "enough"
+    assert result.error.details["value"] == {"partial": 1}
+
+
 def test_interrupt_abandons_calls_that_do_not_stop_within_the_grace() -> None:
     r = Run().start()
     r.decide_next(plan(call("read"), call("put")))

@@ -372,7 +372,13 @@ def test_outcome_fields_errors_metrics_and_revision() -> None:
     assert outcome.state is RunState.FINISHED
     assert outcome.run_id == handle.run_id
     assert outcome.output == "done"
-    assert outcome.errors == ()  # tool failures are results for the agent, not run errors (R7)
+    # R7: tool failures are results for the agent and do not fail the run; R6: they are
+    # recorded on it all the same, naming their calls (the two calls ran in parallel).
+    errors = {(e.details["call_id"], e.details.get("retried")): e for e in outcome.errors}
+    assert sorted(errors, key=str) == [("c1.0", True), ("c1.1", None)]
+    assert errors["c1.0", True].details["attempt"] == 1
+    assert errors["c1.0", True].retryable
+    assert errors["c1.1", None].code is ErrorCode.HANDLER_ERROR
     m = outcome.metrics
     assert m.steps == 2  # a retried call is one step; a call that raised counts
     assert m.model_calls == 3

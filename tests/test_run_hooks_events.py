@@ -8,10 +8,12 @@ are typed, ordered, and iterable sync and async without blocking an event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Iterator
 
 import pytest
+import structlog
 
 from steerable.actors import Runtime, tool
 from steerable.actors.testing import Gate, HookRecorder, ScriptedAgent, call, plan, wait_state
@@ -95,8 +97,9 @@ def test_hooks_fire_in_order_with_the_event_of_their_moment_off_the_supervisor()
     with Runtime(tools=[echo]) as rt:
         handle = rt.start("t", agent=agent, hooks=recorder.hooks())
         outcome = handle.result(timeout=WAIT)
-        # the outcome is published once the hooks ran: on_finish is already recorded
-        calls = list(recorder.calls)
+    # The outcome is published when the run ends; hooks still pending run after it, and
+    # shutdown waits for them: on_finish is recorded now.
+    calls = list(recorder.calls)
     assert outcome.state is RunState.FINISHED
     assert [name for name, _, _ in calls] == [
         HookName.ON_START,
@@ -163,27 +166,43 @@ def test_every_hook_name_fires_across_a_finished_and_a_cancelled_run(gate: Gate)
     assert recorder.names().count(HookName.ON_FINISH) == 2  # once per terminal run
 
 
-def test_a_hook_that_raises_is_recorded_and_the_run_finishes() -> None:
+def _after_end(caplog: pytest.LogCaptureFixture, event: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "event", None) == event]
+
+
+def test_a_hook_that_raises_is_recorded_and_the_run_finishes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    structlog.reset_defaults()  # steerable logs through `logging` unless structlog is set up
+    caplog.set_level(logging.WARNING, logger="steerable")
     recorder = HookRecorder(raise_on=[HookName.BEFORE_REASONING, HookName.ON_FINISH])
     agent = ScriptedAgent([plan(call("echo", text="x")), Finish(output="ok")])
     with Runtime(tools=[echo]) as rt:
         handle = rt.start("t", agent=agent, hooks=_hooks(recorder))
         outcome = handle.result(timeout=WAIT)
+    # shutdown waited for the hooks still pending at the end (on_finish always is)
     assert outcome.state is RunState.FINISHED
     assert outcome.output == "ok"
     hook_errors = [e for e in outcome.errors if e.code is ErrorCode.HOOK_ERROR]
-    assert sorted(e.details["hook"] for e in hook_errors) == [
-        "before_reasoning",
-        "before_reasoning",
-        "on_finish",
-    ]
+    assert [e.code for e in outcome.errors] == [ErrorCode.HOOK_ERROR] * len(hook_errors)
     assert all("failed on purpose" in e.message for e in hook_errors)
-    assert [e.code for e in outcome.errors] == [ErrorCode.HOOK_ERROR] * 3
+    # Hooks run beside the loop: an error of a hook that ran before the end is in the
+    # outcome; one that ran after it (on_finish's always) is logged. Each exactly once.
+    late = _after_end(caplog, "hook_error_after_end")
+    assert all(r.run_id == handle.run_id for r in late)  # type: ignore[attr-defined]
+    assert sorted(
+        [e.details["hook"] for e in hook_errors] + [r.hook for r in late]  # type: ignore[attr-defined]
+    ) == ["before_reasoning", "before_reasoning", "on_finish"]
+    assert "on_finish" in [r.hook for r in late]  # type: ignore[attr-defined]
     # every hook still fired: a raising hook does not stop the others
     assert recorder.names().count(HookName.AFTER_REASONING) == 2
 
 
-def test_a_slow_hook_does_not_stall_cancellation(gate: Gate) -> None:
+def test_a_slow_hook_does_not_stall_cancellation(
+    gate: Gate, caplog: pytest.LogCaptureFixture
+) -> None:
+    structlog.reset_defaults()  # steerable logs through `logging` unless structlog is set up
+    caplog.set_level(logging.WARNING, logger="steerable")
     hook_entered = threading.Event()
     hook_release = threading.Event()
 
@@ -200,15 +219,58 @@ def test_a_slow_hook_does_not_stall_cancellation(gate: Gate) -> None:
             assert handle.cancel("stop") is True
             wait_state(handle, RunState.CANCELLED)
             assert handle.state is RunState.CANCELLED
-            # the outcome waits for hooks, but only up to hook_timeout
+            # the outcome never waits for hooks: they run after it
             outcome = handle.result(timeout=WAIT)
             assert not hook_release.is_set()
-            hook_release.set()
+        # shutdown waited for the run's hooks: the hung one was given up after hook_timeout
+        (abandoned,) = _after_end(caplog, "hooks_abandoned_after_end")
+        assert abandoned.run_id == handle.run_id  # type: ignore[attr-defined]
+        assert not hook_release.is_set()
     finally:
         hook_release.set()
     assert outcome.state is RunState.CANCELLED
-    late = [e for e in outcome.errors if e.code is ErrorCode.HOOK_ERROR]
-    assert len(late) == 1
+    assert [e for e in outcome.errors if e.code is ErrorCode.HOOK_ERROR] == []
+
+
+def test_a_hung_hook_never_delays_the_outcome_and_pending_hooks_run_after_it(
+    gate: Gate,
+) -> None:
+    # Issue 10, defect 6: the outcome is published when the run ends; hooks still pending
+    # (the hung one, then on_finish behind it) run after it, in order, never in front of it.
+    hook_entered = threading.Event()
+    hook_release = threading.Event()
+    finished = threading.Event()
+    order: list[str] = []
+
+    def hung(event: RunEvent) -> None:
+        hook_entered.set()
+        hook_release.wait(6 * WAIT)  # past result()'s bound: released by the test
+        order.append("before_execute")
+
+    def on_finish(event: RunEvent) -> None:
+        order.append("on_finish")
+        finished.set()
+
+    agent = ScriptedAgent([plan(call("g"))])
+    try:
+        # hook_timeout far beyond WAIT: an outcome that waited for the hook could not arrive.
+        with Runtime(tools=[gate.tool("g")], hook_timeout=60.0) as rt:
+            handle = rt.start(
+                "t", agent=agent, hooks={"before_execute": hung, "on_finish": on_finish}
+            )
+            assert hook_entered.wait(WAIT)
+            gate.wait_started(1)
+            assert handle.cancel("stop") is True
+            outcome = handle.result(timeout=WAIT)
+            order.append("outcome")
+            assert not finished.is_set()  # on_finish waits behind the hung hook
+            hook_release.set()
+            assert finished.wait(WAIT)
+    finally:
+        hook_release.set()
+    assert outcome.state is RunState.CANCELLED
+    assert order == ["outcome", "before_execute", "on_finish"]
+    assert [e.code for e in outcome.errors if e.code is ErrorCode.HOOK_ERROR] == []
 
 
 def test_global_hooks_with_rt_on_and_unregister() -> None:

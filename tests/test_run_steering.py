@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from steerable.actors import Runtime
+from steerable.actors import Runtime, ToolContext, tool
 from steerable.actors.testing import Gate, ScriptedAgent, call, plan, wait_event, wait_state
 from steerable.protocol import (
     AskUser,
@@ -112,6 +112,34 @@ def test_interrupt_cancels_in_flight_calls_and_delivers_at_once(gate: Gate) -> N
         assert result.error is not None
         assert result.error.code is ErrorCode.CANCELLED
         assert result.error.details["reason"] == "interrupt"
+
+
+def test_an_interrupted_tool_that_returns_is_recorded_cancelled_with_its_value() -> None:
+    # Issue 10, defect 4: the tool sees `ctx.cancelled` and returns "cut" instead of raising.
+    started = threading.Event()
+
+    @tool
+    def cut(ctx: ToolContext) -> str:
+        """Wait to be interrupted, then return what was done so far."""
+        started.set()
+        assert ctx.wait(WAIT), "never interrupted"
+        assert ctx.cancelled
+        return "cut"
+
+    agent = ScriptedAgent([plan(call("cut")), Finish(output="ok")])
+    with Runtime(tools=[cut]) as rt:
+        handle = rt.start("t", agent=agent)
+        assert started.wait(WAIT)
+        handle.send("stop that", mode="interrupt")
+        outcome = handle.result(timeout=WAIT)
+    assert outcome.state is RunState.FINISHED
+    (result,) = _results(agent.views[1])
+    assert not result.ok
+    assert result.value is None
+    assert result.error is not None
+    assert result.error.code is ErrorCode.CANCELLED
+    assert result.error.details["reason"] == "interrupt"
+    assert result.error.details["value"] == "cut"
 
 
 def test_interrupt_cancels_calls_not_yet_started(gate: Gate) -> None:

@@ -82,7 +82,12 @@ def pure(value: str = "") -> str:
 
 
 def _ended(handle: Any) -> list[dict[str, Any]]:
-    return [e.data for e in handle.events(timeout=WAIT) if e.kind is EventKind.RUN_ENDED]
+    """The (state, error, revision) of every run_ended event of the run."""
+    return [
+        {k: e.data[k] for k in ("state", "error", "revision")}
+        for e in handle.events(timeout=WAIT)
+        if e.kind is EventKind.RUN_ENDED
+    ]
 
 
 def _whole(store: SqliteStore, run_id: str) -> int:
@@ -137,7 +142,11 @@ def test_a_store_that_stays_full_ends_the_run_in_error_and_keeps_what_it_stored(
         assert error.details["sqlite_error"] == "SQLITE_FULL"
         assert error.details["stored_revision"] == before == outcome.revision
         assert outcome.output is None
-        assert _ended(handle)[-1] == {"state": "error", "error": "store_unavailable"}
+        assert _ended(handle)[-1] == {
+            "state": "error",
+            "error": "store_unavailable",
+            "revision": before,
+        }
         # Nothing stored was touched: the store holds the run as it was before the failure.
         stored = store.load(handle.run_id)
         assert stored.snapshot.revision == before
@@ -176,7 +185,9 @@ def test_a_terminal_checkpoint_that_cannot_be_stored_is_never_reported_finished(
         assert outcome.error.code is ErrorCode.STORE_UNAVAILABLE
         assert handle.state is RunState.ERROR
         # Hosts and on_finish hooks learn the state the store holds, never "finished".
-        assert _ended(handle) == [{"state": "error", "error": "store_unavailable"}]
+        assert _ended(handle) == [
+            {"state": "error", "error": "store_unavailable", "revision": outcome.revision}
+        ]
         assert finished == ["error"]
         store.faults.disarm()
         stored = store.load(handle.run_id)

@@ -323,7 +323,7 @@ def test_a_failed_an_exhausted_and_a_cancelled_child_give_subagent_failed_and_th
     for result, state, codes in [
         (crash, RunState.ERROR, ["handler_error"]),
         (spend, RunState.EXHAUSTED, ["budget_exhausted"]),
-        (cancel, RunState.CANCELLED, ["cancelled"]),
+        (cancel, RunState.CANCELLED, ["cancelled", "cancelled"]),  # its call's, then its own
     ]:
         assert (result.ok, result.state, result.output) == (False, state, None)
         assert result.error is not None

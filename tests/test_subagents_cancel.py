@@ -248,7 +248,12 @@ def test_every_descendant_ends_even_when_a_tool_ignores_cancellation() -> None:
         stubborn.release()
     assert {o.state for o in outcomes} == {RunState.CANCELLED}
     leaf = outcomes[-1]
-    (error,) = leaf.errors
+    call, error = leaf.errors  # its tool call's, then the run's (R6)
+    assert (call.code, call.details["call_id"], call.details["abandoned"]) == (
+        ErrorCode.CANCELLED,
+        "c1.0",
+        True,
+    )
     assert error.details["abandoned"] == ["c1.0"]  # the leaf gave up on its tool
 
 

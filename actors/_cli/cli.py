@@ -1,4 +1,4 @@
-"""The `steerable` command line: `demo`, and `runs`, `show`, `revisions`, `replay` on a store.
+"""The `steerable` command line: `demo`, and `runs`, `show`, `revisions`, `replay`, `trace`.
 
 Every command works on the SQLite store at `--db`, else `$STEERABLE_DB`, else
 `~/.local/share/steerable/runs.db` (see `default_db_path`).
@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from .trace import cmd_trace, trace_arguments
 
 if TYPE_CHECKING:
     from steerable.actors._stores.sqlite import SqliteStore
@@ -87,6 +89,12 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep the demo's runs in memory instead of the SQLite store",
     )
+    parser.add_argument(
+        "--timeline",
+        type=Path,
+        default=None,
+        help="where to write the runs' HTML timeline (default: the temp directory)",
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -96,7 +104,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     quiet_logs()
     out = functools.partial(print, flush=True)  # lines appear as events happen, even in a pipe
     store = None if args.memory else _store(args, create=True)
-    outcomes = run_demo(out, store=store)
+    outcomes = run_demo(out, store=store, timeline=args.timeline)
     if store is not None:
         out(
             f"Runs stored in {store.path}: try `steerable runs` and "
@@ -273,6 +281,12 @@ SUBCOMMANDS += [
     Subcommand("revisions", "a run's revisions", cmd_revisions, _ids_argument),
     Subcommand(
         "replay", "a run's events up to a revision, read-only", cmd_replay, _revision_argument
+    ),
+    Subcommand(
+        "trace",
+        "a run's timeline: one HTML file, or Chrome Trace Event JSON (Perfetto)",
+        cmd_trace,
+        trace_arguments,
     ),
 ]
 """Every subcommand, in `--help` order. Add one by appending a `Subcommand`."""

@@ -8,12 +8,15 @@ same on every run except time offsets and run ids.
 
 from __future__ import annotations
 
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from steerable.actors._host.handle import RunHandle
 from steerable.actors._host.runtime import Runtime
+from steerable.actors._observe.files import write_timeline
 from steerable.actors._stores.store import CheckpointStore
 from steerable.actors._tools.tool import RetryableToolError, Tool, ToolContext, tool
 from steerable.actors.testing import ScriptedAgent, call, plan
@@ -366,7 +369,7 @@ def _summary(p: _Printer, outcomes: list[RunOutcome], checks: list[bool], left: 
         p.out(f"  run {label} ..{outcome.run_id[-6:]}  {outcome.state.value}")
         p.out(
             f"    model calls {m.model_calls}, tool steps {m.steps}, retries {m.retries}, "
-            f"tool errors {m.tool_errors}, checkpoints {m.checkpoints}; run errors: {errors}"
+            f"tool errors {m.tool_errors}, checkpoints {m.checkpoints}; errors: {errors}"
         )
     for feature, ok in zip(FEATURES, checks, strict=True):
         p.out(f"  [{'x' if ok else ' '}] {feature}")
@@ -377,12 +380,16 @@ def _summary(p: _Printer, outcomes: list[RunOutcome], checks: list[bool], left: 
 # ---------------------------------------------------------------------------------- the scenario
 
 
-def run_demo(out: Out = print, *, store: CheckpointStore | None = None) -> list[RunOutcome]:
+def run_demo(
+    out: Out = print, *, store: CheckpointStore | None = None, timeline: Path | None = None
+) -> list[RunOutcome]:
     """Run the demo, writing one line per event to `out`; returns the two runs' outcomes.
 
     Args:
         out: Where lines go (default `print`).
         store: Where checkpoints go (default: in memory). The runtime closes it at the end.
+        timeline: Where the runs' HTML timeline goes (default: a file named after run A in
+            the temp directory); its path is the last line.
 
     Returns:
         The outcomes of run A (FINISHED) and run B (CANCELLED), in that order.
@@ -409,6 +416,9 @@ def run_demo(out: Out = print, *, store: CheckpointStore | None = None) -> list[
         world.release_all()
         rt.shutdown(timeout=_WAIT)
     _summary(p, outcomes, _checks(events_a, events_b, world), _join_leftovers(threads_before))
+    path = timeline or Path(tempfile.gettempdir()) / f"steerable-timeline-{outcome_a.run_id}.html"
+    write_timeline(events_a + events_b, path)
+    out(f"Timeline of both runs (open it in a browser): {path}")
     return outcomes
 
 

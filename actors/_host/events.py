@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from steerable.actors._observe.feed import Feed
 from steerable.protocol import EventKind, Phase, RunEvent
 
 __all__ = ["SSE_KEEPALIVE", "EventLog", "EventStream", "sse_frame"]
@@ -29,6 +30,8 @@ class EventLog:
     Args:
         trace_id: The trace every event carries.
         max_history: Events kept for late readers; older ones are dropped first.
+        feed: The runtime-wide feed every event is also offered to (see `Feed`).
+        observed: The runtime's bridges want this log's events (a trace not sampled out).
     """
 
     __slots__ = (
@@ -36,15 +39,25 @@ class EventLog:
         "_cond",
         "_dropped",
         "_events",
+        "_feed",
         "_lock",
         "_next",
+        "_observed",
         "_sleepers",
         "_waiters",
         "trace_id",
     )
 
-    def __init__(self, trace_id: str, max_history: int = 10_000) -> None:
+    def __init__(
+        self,
+        trace_id: str,
+        max_history: int = 10_000,
+        feed: Feed | None = None,
+        observed: bool = True,
+    ) -> None:
         self.trace_id = trace_id
+        self._feed = feed
+        self._observed = observed
         # Writers take the bare lock and notify only when a reader sleeps: appending is on
         # the supervisor's hot path (about ten events per loop iteration).
         self._lock = threading.Lock()
@@ -72,7 +85,12 @@ class EventLog:
             events = self._events
             if len(events) == events.maxlen:
                 self._dropped += 1
-            events.append((seq, kind, phase, at, data, run_id, parent_run_id))
+            raw = (seq, kind, phase, at, data, run_id, parent_run_id)
+            events.append(raw)
+            feed = self._feed
+            if feed is not None and (feed.public or (self._observed and feed.active)):
+                # Under this log's lock: the feed sees a run tree's events in seq order.
+                feed.push(self.trace_id, raw, self._observed)
             if self._sleepers:
                 self._cond.notify_all()
             waiters = self._waiters
@@ -93,6 +111,11 @@ class EventLog:
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
+
+    @property
+    def observed(self) -> bool:
+        """Whether the runtime's bridges want these events."""
+        return self._observed
 
     @property
     def closed(self) -> bool:

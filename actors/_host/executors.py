@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from steerable.actors._engine.executor import Executor
+from steerable.actors._tools.placement import PROCESS
 from steerable.actors._tools.remote import ENTRY
-from steerable.actors._tools.tool import PROCESS, Tool
+from steerable.actors._tools.tool import Tool
 
 if TYPE_CHECKING:
     from steerable.actors._engine.procpool import ProcessPool

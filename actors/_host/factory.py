@@ -166,6 +166,8 @@ class RunFactory:
         self.tools = tools
         self.agents = agents
         self._capabilities: dict[tuple[str, str, tuple[int, ...]], CapabilitySnapshot] = {}
+        self.on_entry: Callable[[RunCell, Any], None] | None = None
+        """Told of every entry built, before its run starts (the runtime's observability)."""
 
     # ------------------------------------------------------------------ entries
 
@@ -203,6 +205,8 @@ class RunFactory:
         if not isinstance(config, RunConfig):
             raise TypeError(f"config must be a RunConfig, not {type(config).__name__}")
         name = agent_name(agent)
+        if self.on_entry is not None:
+            self.on_entry(cell, agent)
         return RunEntry(
             cell=cell,
             config=config,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ __all__ = [
     "DecideJob",
     "Decided",
     "HookDone",
+    "HookDrain",
     "HookJob",
     "ToolDone",
     "ToolJob",
@@ -411,3 +413,35 @@ class HookJob:
     def cancel_pending(self) -> None:
         """Called by the pool when it drops this job unrun (shutdown)."""
         _tell(self.ref, HookDone([]))
+
+
+class HookDrain:
+    """Counts the runs whose outcome is published while their hooks still run.
+
+    A run's hooks that are pending when it ends (`on_finish` always is) run after its outcome
+    is published (docs/states-and-errors.md "Phases and hooks"); `Runtime.shutdown` waits for
+    them, within its timeout, before it stops the dispatcher that chains them.
+    """
+
+    __slots__ = ("_cond", "_count")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._count = 0
+
+    def enter(self) -> None:
+        """A run ended with hooks pending."""
+        with self._cond:
+            self._count += 1
+
+    def leave(self) -> None:
+        """That run's hooks are done (or were given up)."""
+        with self._cond:
+            self._count -= 1
+            if self._count <= 0:
+                self._cond.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Block until no run drains hooks, at most `timeout` seconds; True if none does."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._count <= 0, max(0.0, timeout))

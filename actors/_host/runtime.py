@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
@@ -50,23 +50,28 @@ from steerable.protocol import (
 from steerable.protocol.codec import check_storable
 
 from .cell import RunCell
-from .events import EventLog, EventStream
+from .events import EventStream
 from .executors import Executors
 from .factory import Agent, Hook, RunEntry, agent_name, tool_table
 from .handle import RunHandle
 from .host import RunHost
 from .jobs import Accept
+from .observing import Observability, ObservingFace
 from .offload import HostIO, async_form, in_thread
 from .ownership import DEFAULT_LEASE_TTL, RunOwnership
 from .runtrees import RunTree, build_tree, check_compatible
 from .services import Services
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["Agent", "RunTree", "Runtime", "Services", "agent_name"]
 
 _log = get_logger("steerable.runtime")
 
 
-class Runtime:
+class Runtime(ObservingFace):
     """Runs agent runs. Use as a context manager, or call `shutdown()` when done.
 
     Args:
@@ -81,7 +86,8 @@ class Runtime:
         max_abandoned: Abandoned (hung) worker threads tolerated before new calls are refused
             with `resource_exhausted`. Default 64.
         dispatcher_threads: Threads that run all supervisors. Default 1.
-        hook_timeout: Seconds a run waits for its hooks before giving up on them. Default 5.
+        hook_timeout: Seconds a run's hooks still pending at its end may take, after its
+            outcome is published, before they are given up. Default 5.
         thread_stack_size: If set, calls `threading.stack_size()` with it (process-global!)
             before starting threads. Default None: the process's setting is left alone.
         passivate: Runs waiting for a person give up their supervisor and are woken by
@@ -99,6 +105,11 @@ class Runtime:
         process_workers: Warm worker processes for `isolation="process"` tools, started with
             the runtime when such a tool is registered (else on first need). Default 2.
         max_processes: Most worker processes at once; calls beyond that queue. Default 8.
+        hook_workers: Threads that run hooks (each run's hooks run one at a time, in order;
+            a hung hook holds one thread until `hook_timeout`). Default 8.
+        tracer_provider, meter_provider: OpenTelemetry providers (extra `steerable[otel]`) for
+            spans of every run and the runtime's metrics (docs/observability.md). Default none.
+        capture_content: Record message and tool content on spans. Default False.
 
     Raises:
         ValueError: A tool names an executor the runtime does not have.
@@ -126,6 +137,9 @@ class Runtime:
         executors: Mapping[str, Executor] | None = None,
         process_workers: int = 2,
         max_processes: int = 8,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        capture_content: bool = False,
     ) -> None:
         if thread_stack_size is not None:
             threading.stack_size(thread_stack_size)
@@ -177,6 +191,13 @@ class Runtime:
         """The threads of the async face (`astart`, `handle.asend`, ...)."""
         self.directory = self._host.directory
         self._factory = self._host.factory
+        self._observing = Observability(
+            self.statistics,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+            capture_content=capture_content,
+        )
+        self._factory.on_entry = self._observing.entry_made
         self.ownership = RunOwnership(
             store=self.store,
             directory=self.directory,
@@ -228,6 +249,8 @@ class Runtime:
         hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None = None,
         compatibility: Compatibility | None = None,
         tools: Iterable[Tool[Any, Any] | Callable[..., Any]] | None = None,
+        trace_id: str | None = None,
+        traceparent: str | None = None,
     ) -> RunHandle:
         """Start a run of `agent` on `task`; returns at once with its handle.
 
@@ -242,6 +265,8 @@ class Runtime:
             hooks: Per-run hooks by name, added to the runtime's.
             compatibility: Fingerprints compared on resume (R22).
             tools: Tools for this run only, added to (or replacing by name) the runtime's.
+            trace_id, traceparent: The trace the run joins (32 hex digits, or a W3C
+                `traceparent` whose span the run's span nests under).
 
         Raises:
             SteerableError: code `run_ended` if the runtime is shut down.
@@ -251,7 +276,8 @@ class Runtime:
             ValueError: `task`, `session_id` or `task_id` cannot be stored (text that is
                 not valid Unicode, or a task larger than
                 `steerable.protocol.codec.MAX_VALUE_BYTES`), or `tools` holds two different
-                tools of one name. Nothing is started.
+                tools of one name, or a malformed `trace_id` or `traceparent`. Nothing is
+                started.
         """
         if not isinstance(task, str):
             raise TypeError(f"task must be a str, not {type(task).__name__}")
@@ -259,16 +285,22 @@ class Runtime:
         _optional_text(session_id, "session_id")
         _optional_text(task_id, "task_id")
         run_id = new_run_id()
-        trace_id = new_trace_id()
-        entry = self._entry(
-            RunCell(run_id, trace_id, None, EventLog(trace_id)),
-            agent,
-            config or self.config,
-            accept,
-            hooks,
-            compatibility,
-            tools,
+        trace_id, observed, abandon = self._observing.begin(
+            run_id, agent, self.clock.wall(), trace_id=trace_id, traceparent=traceparent
         )
+        try:
+            entry = self._entry(
+                RunCell(run_id, trace_id, None, self._observing.event_log(trace_id, observed)),
+                agent,
+                config or self.config,
+                accept,
+                hooks,
+                compatibility,
+                tools,
+            )
+        except BaseException:
+            abandon()
+            raise
         self.leases.new_run(entry.cell)
         self.directory.launch(
             entry,
@@ -326,7 +358,7 @@ class Runtime:
             snap.run_id,
             snap.trace_id,
             snap.parent_run_id,
-            EventLog(snap.trace_id),
+            self._observing.event_log(snap.trace_id),
             next_seq=max([snap.last_seq, *(m.seq for m in stored.messages)]) + 1,
         )
 
@@ -401,7 +433,7 @@ class Runtime:
         new_id = new_run_id()
         trace_id = new_trace_id()
         entry = self._entry(
-            RunCell(new_id, trace_id, None, EventLog(trace_id)),
+            RunCell(new_id, trace_id, None, self._observing.event_log(trace_id)),
             agent,
             config or snap.config,
             accept,
@@ -546,6 +578,7 @@ class Runtime:
             "actors_live": dispatcher["actors_live"],
             **self.services.executors.statistics(),
             "timers_pending": self.services.timer.statistics()["timers_pending"],
+            **self._observing.feed.statistics(),
         }
 
     # ------------------------------------------------------------------ shutdown
@@ -602,6 +635,7 @@ class Runtime:
             or services.pool.owns_thread(thread)
             or services.hook_pool.owns_thread(thread)
             or services.aloop.owns_thread(thread)
+            or self._observing.feed.owns_thread(thread)
         )
 
     def _shutdown(self, timeout: float, cancel_runs: bool | None) -> list[str]:
@@ -629,6 +663,8 @@ class Runtime:
                 with contextlib.suppress(pykka.ActorDeadError):
                     ref.stop(block=False)
         services = self.services
+        # Hooks still pending when a run ended run after its outcome: let them finish first.
+        services.hooks_draining.wait(deadline - self.clock.now())
         services.dispatcher.stop(timeout=max(0.1, deadline - self.clock.now()))
         self.ownership.stop(timeout=max(0.1, deadline - self.clock.now()))
         services.timer.stop(timeout=max(0.1, deadline - self.clock.now()))
@@ -636,6 +672,7 @@ class Runtime:
         left += services.hook_pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += services.aloop.shutdown(timeout=max(0.1, deadline - self.clock.now()))
         left += services.executors.shutdown(timeout=max(0.1, deadline - self.clock.now()))
+        left += self._observing.close(self.clock.wall(), max(0.1, deadline - self.clock.now()))
         self.store.close()
         if left:
             _log.warning("threads_abandoned_at_shutdown", threads=left)

@@ -18,6 +18,7 @@ from steerable.actors._engine.timer import TimerService
 from steerable.actors._machine.effects import ChildJob
 from steerable.actors._stores.store import CheckpointStore
 
+from .jobs import HookDrain
 from .offload import HostIO
 
 if TYPE_CHECKING:
@@ -104,3 +105,5 @@ class Services:
     """Where remote tool calls run: the process pool, named executors (docs/isolation.md)."""
     host_io: HostIO = field(default_factory=HostIO)
     """The threads of the async face (`await rt.astart(...)`, `await handle.asend(...)`)."""
+    hooks_draining: HookDrain = field(default_factory=HookDrain)
+    """Runs whose outcome is published while their pending hooks still run."""

@@ -24,6 +24,7 @@ from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import MuxActor, tell_now
 from steerable.actors._machine.effects import CallJob, ChildJob, TimerKind
 from steerable.actors._machine.machine import MODEL_KEY, RunMachine
+from steerable.actors._machine.preview import preview
 from steerable.actors._tools.tool import Tool, ToolContext
 from steerable.protocol import (
     HOOK_EVENTS,
@@ -119,6 +120,8 @@ class RunSupervisor(SteerableActor, MuxActor):
         self._hook_jobs: list[HookJob] = []
         self._outcome: RunOutcome | None = None
         self._fenced = False
+        self._published = False  # the outcome is settled; hooks still pending run after it
+        self._draining = False  # counted in services.hooks_draining until its hooks are done
 
         self.machine = machine_factory(self)
 
@@ -276,6 +279,9 @@ class RunSupervisor(SteerableActor, MuxActor):
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
+        if self._draining:  # stopped by the runtime's shutdown before its hooks were done
+            self._draining = False
+            self.services.hooks_draining.leave()
         for key in list(self._work):
             self.abandon_work(key)
 
@@ -388,7 +394,15 @@ class RunSupervisor(SteerableActor, MuxActor):
         self._final_state = self.cell.state = RunState.ERROR
         self._emit(EventKind.ERROR, None, {"code": error.code.value, "message": error.message})
         self._emit(
-            EventKind.RUN_ENDED, None, {"state": RunState.ERROR.value, "error": error.code.value}
+            EventKind.RUN_ENDED,
+            None,
+            {
+                "state": RunState.ERROR.value,
+                "error": error.code.value,
+                "message": preview(error.message),
+                "output": None,
+                "revision": self._stored,
+            },
         )
         self._finish()
 
@@ -480,13 +494,12 @@ class RunSupervisor(SteerableActor, MuxActor):
         if work is not None:
             work.scope.cancel(reason)
         elif key == MODEL_KEY and self._held_decide is not None:
-            model_call = self._held_decide[1][0]
+            # Started, then cancelled at once, as an unheld call would be: the agent still
+            # sees the messages its view delivers (each delivered message is seen once).
+            args = self._held_decide[1]
             self._held_decide = None
-            error = AgentError.of(
-                ErrorCode.CANCELLED,
-                f"model call {model_call} was cancelled ({reason}) before it started",
-            )
-            self.actor_ref.tell(Decided(model_call, None, None, error, None, 0.0))
+            self._start_decide(*args)
+            self._work[MODEL_KEY].scope.cancel(reason)
         elif self._held:
             self._release_held(
                 key,
@@ -560,6 +573,8 @@ class RunSupervisor(SteerableActor, MuxActor):
         ):
             self._ended = (phase, data)
             return
+        if kind is EventKind.RUN_ENDED and self._store_error is not None and "revision" in data:
+            data = {**data, "revision": self._stored}  # what the store holds, as the outcome
         self._emit(kind, phase, data)
 
     def _emit(self, kind: EventKind, phase: Phase | None, data: dict[str, Any]) -> None:
@@ -665,8 +680,13 @@ class RunSupervisor(SteerableActor, MuxActor):
         )
 
     def settled(self, outcome: RunOutcome) -> None:
-        """Terminal: publish the outcome once its checkpoint is stored and pending hooks
-        (on_finish among them) ran."""
+        """Terminal: publish the outcome once its checkpoint is stored, never later: hooks
+        still pending then (on_finish among them) run after it.
+
+        The supervisor stays until they are done, or given up after `hook_timeout`, to keep
+        them in order; their errors can no longer reach the published outcome and are logged
+        (docs/states-and-errors.md "Phases and hooks").
+        """
         if self._store_error is not None and outcome.revision > self._stored:
             # What the store holds: the run's last stored revision (-1: none).
             outcome = outcome.model_copy(update={"revision": self._stored})
@@ -678,11 +698,14 @@ class RunSupervisor(SteerableActor, MuxActor):
     def _finish(self) -> None:
         if self._outcome is None or self._ended is not None:
             return  # not yet, or its checkpoint is still on its way to the store
+        self._publish()
         if self._hooks_pending:
+            self.services.hooks_draining.enter()
+            self._draining = True
             at = self.services.clock.now() + self.services.hook_timeout
             self.schedule(TimerKind.GRACE, "hooks", 0, at)
         else:
-            self._publish()
+            self.actor_ref.stop(block=False)  # queued: handled after this message
 
     # ------------------------------------------------------------------ hooks and ending
 
@@ -697,43 +720,53 @@ class RunSupervisor(SteerableActor, MuxActor):
             self._hook_jobs.pop(0)
             self._submit_hook()
         for error in errors:
+            if self._published:
+                self._log.warning(
+                    "hook_error_after_end", error=error.message, hook=error.details.get("hook")
+                )
+                continue
             self._log.warning("hook_error", error=error.message)
             if self._outcome is None:
                 self.machine.record_error(error)
-            else:
+            else:  # the outcome waits for its checkpoint to be stored: it can still say so
                 self._outcome = self._outcome.model_copy(
                     update={"errors": (*self._outcome.errors, error)}
                 )
-        if self._outcome is not None and self._hooks_pending <= 0:
+        if self._published and self._hooks_pending <= 0:
             self.unschedule(TimerKind.GRACE, "hooks")
-            self._publish()
+            self._drained()
 
     def _hooks_timed_out(self) -> None:
-        if self._outcome is None:
+        if not self._published:
             return
         if self._hook_jobs:
             # Only the first is on a worker; the rest never started and are dropped.
             self.services.hook_pool.abandon(self._hook_jobs[0])
-        error = AgentError.of(
-            ErrorCode.HOOK_ERROR,
-            f"hooks did not finish within {self.services.hook_timeout}s; abandoned",
+        self._log.warning(
+            "hooks_abandoned_after_end",
+            timeout=self.services.hook_timeout,
             pending=self._hooks_pending,
         )
-        self._outcome = self._outcome.model_copy(update={"errors": (*self._outcome.errors, error)})
         self._hooks_pending = 0
         self._hook_jobs.clear()
-        self._publish()
+        self._drained()
+
+    def _drained(self) -> None:
+        if self._draining:
+            self._draining = False
+            self.services.hooks_draining.leave()
+        self.actor_ref.stop(block=False)  # queued: handled after this message
 
     def _publish(self) -> None:
         outcome = self._outcome
         if outcome is None or self._ended is not None:
             return
         self._outcome = None
+        self._published = True
         # Leave the directory first: once result() returns, the run is no longer live.
         self.services.host.run_ended(self.cell.run_id)
         self.cell.settle(outcome)
         self.outcome_published(outcome)
-        self.actor_ref.stop(block=False)  # queued: handled after this message
 
     def outcome_published(self, outcome: RunOutcome) -> None:
         """The run's outcome is settled on its cell. A top-level run tells nobody else."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from enum import Enum
 from typing import Any, Protocol
 
 from steerable.protocol import (
@@ -18,6 +17,7 @@ from steerable.protocol import (
     CapabilitySnapshot,
     Compatibility,
     ErrorCode,
+    EventKind,
     ForkOrigin,
     HostMessage,
     Phase,
@@ -33,8 +33,19 @@ from steerable.protocol import (
 )
 
 from .effects import Effects
+from .stage import Stage
 
-__all__ = ["MODEL_KEY", "Call", "MachineBase", "Stage", "ToolLike", "cancelled", "jitter_unit"]
+__all__ = [
+    "MODEL_KEY",
+    "Call",
+    "MachineBase",
+    "Stage",
+    "ToolLike",
+    "call_error",
+    "cancelled",
+    "jitter_unit",
+    "stopped_by_deadline",
+]
 
 MODEL_KEY = "model"
 """The work key of the run's model call (tool calls use their call id)."""
@@ -49,17 +60,6 @@ class ToolLike(Protocol):
     def spec(self) -> ToolSpec: ...
 
     def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]: ...
-
-
-class Stage(Enum):
-    """Where the loop stands (finer than RunState)."""
-
-    IDLE = 0
-    REASONING = 1
-    EXECUTING = 2
-    WAITING_USER = 3
-    CANCELLING = 4
-    DONE = 5
 
 
 class Call:
@@ -131,10 +131,31 @@ def jitter_unit(key: str, attempt: int) -> float:
     return int.from_bytes(digest, "big") / 2**32
 
 
+def call_error(call_id: str, tool: str, error: AgentError, **extra: Any) -> AgentError:
+    """`error` as the run records it for call `call_id`: naming the call (and `extra`)."""
+    details = error.details
+    if details.get("call_id") == call_id and "tool" in details and not extra:
+        return error
+    return error.model_copy(
+        update={"details": {**details, "call_id": call_id, "tool": tool, **extra}}
+    )
+
+
+def stopped_by_deadline(result: ToolResult | SubagentResult | None) -> bool:
+    """Whether `result` is that of a call the run's deadline stopped (the run ended there)."""
+    error = None if result is None else result.error
+    return (
+        error is not None
+        and error.code is ErrorCode.TIMEOUT
+        and error.details.get("scope") == "run"
+    )
+
+
 def cancelled(
-    reason: str, call: Call, *, abandoned: bool = False, killed: bool = False
+    reason: str, call: Call, *, abandoned: bool = False, killed: bool = False, **details: Any
 ) -> AgentError:
-    """The `cancelled` error of one call; `killed`: its process was killed (docs/isolation.md)."""
+    """The `cancelled` error of one call; `killed`: its process was killed (docs/isolation.md);
+    `details`: more (e.g. the value it returned after the signal)."""
     return AgentError.of(
         ErrorCode.CANCELLED,
         f"{call.name} was cancelled ({reason})",
@@ -143,6 +164,7 @@ def cancelled(
         reason=reason,
         abandoned=abandoned and not killed,
         **({"killed": True} if killed else {}),
+        **details,
     )
 
 
@@ -204,8 +226,12 @@ class MachineBase:
     _unseen: tuple[UserMessage, ...]
     _fork_waits: bool
     _call_ids: set[str] | None
+    _deadline_passed: bool
 
     # Loop methods the other parts call (defined in `_machine.py`).
+    def _enter(self, stage: Stage) -> None:
+        raise NotImplementedError
+
     def _boundary(self, now: float) -> None:
         raise NotImplementedError
 
@@ -223,6 +249,33 @@ class MachineBase:
 
     def _retry_model(self, error: AgentError, now: float) -> bool:
         raise NotImplementedError
+
+    def _end_by_deadline(self, now: float, killed: set[str] | frozenset[str] = frozenset()) -> None:
+        raise NotImplementedError
+
+    def _record(self, error: AgentError, phase: Phase | None = None, **event: Any) -> None:
+        """R6: every error is recorded on the run, in order, and is an `error` event."""
+        self.errors.append(error)
+        self.fx.emit(
+            EventKind.ERROR, phase, {"code": error.code.value, "message": error.message, **event}
+        )
+
+    def _record_result(
+        self, result: ToolResult | SubagentResult, phase: Phase | None, *, silent: bool = False
+    ) -> None:
+        """Record the error of a call's result (if it failed), naming the call.
+
+        `silent`: on restore, which emits nothing (the error's event was the crashed run's).
+        """
+        error = result.error
+        if error is None:
+            return
+        tool = result.tool if isinstance(result, ToolResult) else result.agent
+        error = call_error(result.call_id, tool, error)
+        if silent:
+            self.errors.append(error)
+        else:
+            self._record(error, phase, call_id=result.call_id)
 
     def _add_phase(self, phase: Phase, seconds: float) -> None:
         raise NotImplementedError

@@ -92,6 +92,7 @@ class ChildrenMixin(MachineBase):
             ok=False,
             error=error,
         )
+        self._record_result(result, Phase.PLAN)
         self.fx.journal(result)
 
     def _reserve(self, calls: list[Call], tool_steps: int) -> str | None:
@@ -211,6 +212,7 @@ class ChildrenMixin(MachineBase):
             self._running -= 1
         call.status = CallStatus.DONE
         call.result = result
+        self._record_result(result, Phase.EXECUTE)
         self.fx.journal(result)
         self.fx.emit(
             EventKind.SUBAGENT_FINISHED,

@@ -26,7 +26,17 @@ from steerable.protocol._frozen import FrozenDict
 from steerable.protocol._ids import call_id as make_call_id
 from steerable.protocol._ids import idempotency_key
 
-from .base import MODEL_KEY, PLAN_KEY, RUN_KEY, Call, MachineBase, Stage, cancelled, jitter_unit
+from .base import (
+    MODEL_KEY,
+    PLAN_KEY,
+    RUN_KEY,
+    Call,
+    MachineBase,
+    Stage,
+    call_error,
+    cancelled,
+    jitter_unit,
+)
 from .children import ChildrenMixin
 from .effects import CallJob, TimerKind
 from .preview import preview
@@ -155,7 +165,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             {"calls": [c.call_id for c in calls], "approvals": len(approvals)},
         )
         self._checkpoint()
-        self._stage = Stage.EXECUTING
+        self._enter(Stage.EXECUTING)
         self._exec_started = now
         self.fx.emit(EventKind.EXECUTE_STARTED, Phase.EXECUTE, {"calls": len(calls)})
         for call in approvals:
@@ -304,6 +314,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
             call_id=call.call_id, tool=call.name, ok=False, error=error, attempts=0
         )
         self._m["tool_errors"] += 1
+        self._record_result(result, Phase.PLAN)
         self.fx.journal(result)
 
     def _after_call(self, now: float) -> None:
@@ -395,6 +406,12 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         if self.deadline is not None and at >= self.deadline:
             return False
         self._m["retries"] += 1
+        self._record(
+            call_error(call.call_id, call.name, error, retried=True, attempt=call.attempt),
+            Phase.EXECUTE,
+            call_id=call.call_id,
+            retried=True,
+        )
         self.fx.emit(
             EventKind.TOOL_RETRY,
             Phase.EXECUTE,
@@ -447,6 +464,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         call.result = result
         if error is not None:
             self._m["tool_errors"] += 1
+            self._record_result(result, Phase.EXECUTE)
         self.fx.journal(result)
         self.fx.emit(
             EventKind.TOOL_FINISHED,
@@ -458,6 +476,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 "error": None if error is None else error.code.value,
                 "attempts": call.attempt,
                 "duration": duration,
+                "abandoned": error is not None and error.details.get("abandoned") is True,
                 **(
                     {"value": preview(result.value)}
                     if error is None
@@ -491,7 +510,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 call_id=call_id,
                 side_effect="unknown",
                 idempotency_key=call.key,
-                **({"killed": True} if killed else {}),
+                **({"killed": True} if killed else {"abandoned": True}),
             )
         else:
             error = AgentError.of(
@@ -500,7 +519,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
                 retryable=True,
                 tool=call.name,
                 call_id=call_id,
-                **({"killed": True} if killed else {}),
+                **({"killed": True} if killed else {"abandoned": True}),
             )
         if not write and self._should_retry(call, error, now):
             return
@@ -519,7 +538,7 @@ class ExecutionMixin(ChildrenMixin, MachineBase):
         )
         self.plan = []
         self._interrupting = False
-        self._stage = Stage.IDLE
+        self._enter(Stage.IDLE)
         if self.state is RunState.WAITING:
             self.waiting_for = None
             self._set_state(RunState.RUNNING)

@@ -1,10 +1,8 @@
 """The run's state machine: pure, single-threaded, driven by messages, acting through a port.
 
-`RunMachine` owns one run's state: lifecycle state, transcript, the ordered inbox of host
-messages, the current plan and its calls, budgets and errors. Each public method handles one
-message and acts only through `Effects` (dispatch, timers, events, checkpoints): no threads, no
-clock reads (time arrives as `now`), no I/O. The RunSupervisor actor feeds it; tests feed it
-directly and record its effects.
+`RunMachine` owns one run's state (lifecycle, transcript, inbox, plan, budgets, errors). Each
+public method handles one message and acts only through `Effects`: no threads, no clock reads
+(time arrives as `now`), no I/O. The RunSupervisor feeds it; tests feed it and record effects.
 
 Safe boundaries (docs/contract.md): a checkpoint is written after a decision is recorded and its
 calls are keyed (before dispatch), at the boundary after a plan's results are all in (before the
@@ -50,13 +48,14 @@ from .base import (
     PLAN_KEY,
     RUN_KEY,
     Call,
-    Stage,
     ToolLike,
+    cancelled,
 )
 from .effects import Effects, TimerKind
 from .execute import ExecutionMixin
 from .persist import PersistenceMixin
 from .preview import decision_preview, preview
+from .stage import Stage, check_stage
 from .stopping import StoppingMixin
 
 __all__ = ["MODEL_KEY", "RunMachine", "ToolLike"]
@@ -152,7 +151,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
 
         self.state = RunState.IDLE
         self.waiting_for: WaitingFor | None = None
-        self._stage = Stage.IDLE
+        self._stage = Stage.IDLE  # written by _enter only, checked against STAGE_TRANSITIONS
         self.transcript: list[TranscriptEntry] = []
         self.errors: list[AgentError] = []
         self.output: Any = None
@@ -192,6 +191,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self._holding = False
         self._unseen: tuple[UserMessage, ...] = ()
         self._fork_waits = False
+        self._deadline_passed = False  # restored: a journaled result says the deadline fired
         self.subagents = frozenset(subagents)
         self.children_started = 0
         self.forked_from: ForkOrigin | None = None
@@ -293,7 +293,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             self._model_discarded = False
             self.fx.unschedule(TimerKind.GRACE, MODEL_KEY)
             self._note(f"model call {model_call} was interrupted by a user message")
-            self._stage = Stage.IDLE
+            self._enter(Stage.IDLE)
             self._boundary(now)
             return
         if error is not None or decision is None:
@@ -306,7 +306,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             # A retryable model-side failure (a provider's 429 or 5xx, a decide raising
             # RetryableToolError) gets a new model call under the run's RetryPolicy.
             if err.retryable:
-                self._stage = Stage.IDLE
+                self._enter(Stage.IDLE)
                 if self._retry_model(err, now):
                     return
             self._terminate(RunState.ERROR, err)
@@ -318,7 +318,12 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         self.fx.emit(
             EventKind.REASONING_FINISHED,
             Phase.REASON,
-            {"model_call": model_call, **decision_preview(decision, self.tools)},
+            {
+                "model_call": model_call,
+                **decision_preview(decision, self.tools),
+                "input_tokens": decision.usage.input_tokens,
+                "output_tokens": decision.usage.output_tokens,
+            },
         )
         if isinstance(decision, Finish):
             self._on_finish(decision, verdict, now)
@@ -345,6 +350,11 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             self._m["late_results_dropped"] += 1
             return
         self.fx.unschedule(TimerKind.TOOL_TIMEOUT, call_id)
+        reason = call.cancel_reason or self._cancel_reason
+        if error is None and reason is not None:
+            # It saw the interrupt or cancel and returned: still cancelled (docs/steering.md).
+            error = cancelled(reason, call, value=value)
+            value = None
         if error is not None and self._should_retry(call, error, now):
             return
         self._complete(call, value, error, now)
@@ -394,15 +404,14 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
 
     def record_error(self, error: AgentError) -> None:
         """Record an error that does not change the run's course (a hook that raised, R13)."""
-        self.errors.append(error)
-        self.fx.emit(EventKind.ERROR, None, {"code": error.code.value, "message": error.message})
+        self._record(error)
 
     def _on_user(self, msg: UserMessage, now: float) -> None:
         self._pending.append(msg)
         self.fx.emit(EventKind.MESSAGE_ACCEPTED, None, {"seq": msg.seq, "mode": msg.mode.value})
         if self._stage is Stage.WAITING_USER:
             self.waiting_for = None
-            self._stage = Stage.IDLE
+            self._enter(Stage.IDLE)
             self._set_state(RunState.RUNNING)
             self._boundary(now)
         elif msg.mode is SteeringMode.INTERRUPT and self._stage is not Stage.CANCELLING:
@@ -424,15 +433,15 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         # R9: a rejected claim goes back to the agent; the loop goes on.
         self._note(f"finish rejected: {verdict}", reason=verdict)
         self.fx.emit(EventKind.FINISH_REJECTED, Phase.OBSERVE, {"reason": verdict})
-        self._stage = Stage.IDLE
+        self._enter(Stage.IDLE)
         self._boundary(now)
 
     def _on_ask(self, decision: AskUser, now: float) -> None:
         if any(isinstance(m, UserMessage) for m in self._pending):
-            self._stage = Stage.IDLE
+            self._enter(Stage.IDLE)
             self._boundary(now)
             return
-        self._stage = Stage.WAITING_USER
+        self._enter(Stage.WAITING_USER)
         self.waiting_for = WaitingFor.USER
         self._set_state(RunState.WAITING, question=decision.question)
         self._checkpoint()
@@ -473,7 +482,7 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             self._exhaust("max_model_calls", self.config.max_model_calls)
             return
         self.model_calls += 1
-        self._stage = Stage.REASONING
+        self._enter(Stage.REASONING)
         self._model_in_flight = True
         self._reason_started = now
         deadline = now + self.config.model_timeout
@@ -537,17 +546,14 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
         if self.state.is_terminal:
             return  # R8: terminal states are never overwritten
         if error is not None:
-            self.errors.append(error)
-            self.fx.emit(
-                EventKind.ERROR, None, {"code": error.code.value, "message": error.message}
-            )
+            self._record(error)
         for kind, key in RUN_TIMERS:
             self.fx.unschedule(kind, key)
         for call in self.plan:
             if call.status is CallStatus.RUNNING:
                 self.fx.unschedule(TimerKind.TOOL_TIMEOUT, call.call_id)
                 self.fx.unschedule(TimerKind.TOOL_RETRY, call.call_id)
-        self._stage = Stage.DONE
+        self._enter(Stage.DONE)
         self.waiting_for = None
         self._set_state(state)
         self._checkpoint()
@@ -564,6 +570,11 @@ class RunMachine(ExecutionMixin, StoppingMixin, PersistenceMixin):
             },
         )
         self.fx.settled(outcome)
+
+    def _enter(self, stage: Stage) -> None:
+        """The one writer of the stage: every move is checked against STAGE_TRANSITIONS."""
+        check_stage(self._stage, stage)
+        self._stage = stage
 
     def _set_state(self, state: RunState, **data: Any) -> None:
         if state is self.state:

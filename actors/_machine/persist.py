@@ -28,7 +28,7 @@ from steerable.protocol import (
 )
 from steerable.protocol._ids import idempotency_key
 
-from .base import RUN_KEY, Call, MachineBase, Stage, ToolLike
+from .base import RUN_KEY, Call, MachineBase, Stage, ToolLike, stopped_by_deadline
 from .effects import TimerKind
 
 SECRET_REF = "secret:sha256:"
@@ -178,11 +178,21 @@ class PersistenceMixin(MachineBase):
         self.last_seq = snap.last_seq
         self._pending = list(snap.pending_messages)
         kept = arguments or {}
+        # R6: results journaled after the checkpoint bring their errors back (in step order:
+        # the journal keeps results, not the order they came in); errors found on restoring
+        # a call (arguments that no longer validate) come after them.
+        for pc in snap.plan:
+            result = stored.journal.get(pc.call_id)
+            if result is not None and pc.status is not CallStatus.DONE:
+                self._record_result(result, None, silent=True)  # restore does not act
         self.plan = [
             self._restored_call(pc, stored.journal.get(pc.call_id), kept.get(pc.call_id))
             for pc in snap.plan
         ]
         self._deadline_left = snap.deadline_left
+        # The deadline's results are journaled before its terminal checkpoint: a crash
+        # between the two leaves the run's end in the journal only (docs/durability.md).
+        self._deadline_passed = any(stopped_by_deadline(c.result) for c in self.plan)
         self._count_children(stored)
         for metrics in (children or {}).values():
             self.steps += metrics.steps
@@ -264,9 +274,10 @@ class PersistenceMixin(MachineBase):
                 )
         if error is not None:
             call.status = CallStatus.DONE
-            call.result = ToolResult(
+            call.result = result = ToolResult(
                 call_id=call.call_id, tool=call.name, ok=False, error=error, attempts=call.attempt
             )
+            self._record_result(result, None, silent=True)
 
     def _fresh_call(self, pc: PlannedCall) -> Call:
         tool = self.tools.get(pc.name) if pc.kind == "tool" else None
@@ -306,6 +317,12 @@ class PersistenceMixin(MachineBase):
             self.fx.settled(self.outcome())
             return
         self._resume_clock_and_state(now, announce=not wake)
+        if self._deadline_passed:
+            for call in self.plan:
+                if call.status is CallStatus.RUNNING:
+                    call.status = CallStatus.PENDING  # it runs in no process now
+            self._end_by_deadline(now)
+            return
         self._resume_position(now, announce=not wake)
         # Stored messages are applied as one batch before the run moves on: results already
         # journaled must not carry the plan (and a model call) past a later stored cancel.
@@ -351,14 +368,14 @@ class PersistenceMixin(MachineBase):
 
     def _resume_position(self, now: float, *, announce: bool) -> None:
         if self.plan:
-            self._stage = Stage.EXECUTING
+            self._enter(Stage.EXECUTING)
             self._exec_started = now
             for call in self.plan:
                 self._settle_restored(call, now, announce=announce)
         elif self.state is RunState.WAITING and self.waiting_for is WaitingFor.USER:
-            self._stage = Stage.WAITING_USER
+            self._enter(Stage.WAITING_USER)
         else:
-            self._stage = Stage.IDLE
+            self._enter(Stage.IDLE)
         # Messages after the last decision were delivered but no decision answered them yet.
         unseen: list[UserMessage] = []
         for entry in reversed(self.transcript):

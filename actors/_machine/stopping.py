@@ -46,7 +46,7 @@ class StoppingMixin(MachineBase):
             elif call.status is CallStatus.RUNNING:
                 self.fx.cancel_work(call.call_id, reason)
         if self.in_flight:
-            self._stage = Stage.CANCELLING
+            self._enter(Stage.CANCELLING)
             self.fx.schedule(TimerKind.GRACE, RUN_KEY, 0, now + self.config.cancel_grace)
         else:
             self._finish_cancel(now, abandoned=[])
@@ -60,7 +60,7 @@ class StoppingMixin(MachineBase):
             self._model_discarded = False
             self._maybe_finish_cancel(now)  # a cancel is final: no retry, no new model call
             return
-        self._stage = Stage.IDLE
+        self._enter(Stage.IDLE)
         error = AgentError.of(
             ErrorCode.PROVIDER_TIMEOUT,
             f"decide took longer than {self.config.model_timeout}s",
@@ -89,6 +89,10 @@ class StoppingMixin(MachineBase):
         if retry > policy.max_retries or (self.deadline is not None and at >= self.deadline):
             return False
         self._m["retries"] += 1
+        retried = error.model_copy(
+            update={"details": {**error.details, "retried": True, "retry": retry}}
+        )
+        self.errors.append(retried)  # R6; its event says when the retry comes
         self.fx.emit(
             EventKind.ERROR,
             Phase.REASON,
@@ -104,6 +108,14 @@ class StoppingMixin(MachineBase):
             if self.fx.abandon_work(key):
                 killed.add(key)
         self._model_in_flight = False
+        self._end_by_deadline(now, killed)
+
+    def _end_by_deadline(self, now: float, killed: set[str] | frozenset[str] = frozenset()) -> None:
+        """End the run in ERROR `timeout`: every call without a result is stopped by it.
+
+        Its calls' results are journaled before the terminal checkpoint: a resume that finds
+        one (`stopped_by_deadline`) ends the run here too, as the crashed process did.
+        """
         for call in self.plan:
             if call.status is not CallStatus.DONE:
                 error = AgentError.of(
@@ -134,7 +146,7 @@ class StoppingMixin(MachineBase):
             if self._stage is Stage.CANCELLING:
                 self._finish_cancel(now, abandoned=[MODEL_KEY])  # the model never answered
                 return
-            self._stage = Stage.IDLE
+            self._enter(Stage.IDLE)
             self._note(f"model call {self.model_calls} was interrupted by a user message")
             self._boundary(now)
         elif key == PLAN_KEY and self._interrupting and self._stage is Stage.EXECUTING:

@@ -113,13 +113,25 @@ def normalize_result(value: Any, *, max_bytes: int = 1_000_000, tool: str | None
         raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
     label = "tool" if tool is None else f"tool {tool!r}"
     named: dict[str, Any] = {} if tool is None else {"tool": tool}
+    # Checked before converting: an iterator is refused, not consumed, and a huge value costs a
+    # walk bounded by `bound`; within it, the exact size is measured below.
+    bound = 4 * max_bytes + 1024
     try:
-        check_storable(value, what=f"the result of {label}", bytes_ok=True, max_bytes=max_bytes)
+        check_storable(value, what="the value", bytes_ok=True, max_bytes=bound)
     except (TypeError, ValueError) as exc:
+        if "larger than" in str(exc):
+            raise ToolResultError(
+                AgentError.of(
+                    ErrorCode.HANDLER_ERROR,
+                    f"result of {label} is too large: more than {bound} bytes, limit {max_bytes}",
+                    limit=max_bytes,
+                    **named,
+                )
+            ) from None
         raise ToolResultError(
             AgentError.of(
                 ErrorCode.HANDLER_ERROR,
-                f"{exc} (not stored)",
+                f"result of {label} is not serializable: {exc}",
                 result_type=_type_name(value),
                 **named,
             )

@@ -34,6 +34,7 @@ from .convert import (
     error_from_exception,
     normalize_result,
 )
+from .placement import check_importable, check_placement
 from .schema import docstring_arguments
 
 __all__ = [
@@ -144,7 +145,7 @@ class Tool(Generic[P, R]):
         )
         self.executor, self.executor_options, self.max_result_bytes = placement
         if self.executor is not None:
-            _check_importable(fn, name)
+            check_importable(fn, name)
         parameters = _tool_parameters(fn, name, namespace)
         context_params = [p.name for p in parameters if _is_context_param(p)]
         if len(context_params) > 1:
@@ -442,71 +443,6 @@ def _check_timeout(timeout: float | None) -> float | None:
     if not timeout > 0:  # also rejects NaN
         raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
     return float(timeout)
-
-
-DEFAULT_MAX_RESULT_BYTES = 1_000_000
-PROCESS = "process"
-
-
-def check_placement(
-    isolation: str,
-    executor: str | None,
-    memory_limit: int | None,
-    cpu_seconds: float | None,
-    max_result_bytes: int | None,
-    num_cpus: float | None,
-    resources: Mapping[str, float] | None,
-) -> tuple[str | None, dict[str, Any], int]:
-    """Check where a tool runs: `(executor or None, executor options, max_result_bytes)`."""
-    if isolation not in ("thread", PROCESS):
-        raise ValueError(f"isolation must be 'thread' or 'process', got {isolation!r}")
-    if executor is not None and (not isinstance(executor, str) or not executor):
-        raise ValueError(f"executor must be a non-empty name, got {executor!r}")
-    if isolation == PROCESS and executor not in (None, PROCESS):
-        raise ValueError(f"isolation='process' runs in the process pool, not executor={executor!r}")
-    where = PROCESS if isolation == PROCESS else executor
-    options: dict[str, Any] = {}
-    for key, value in (("memory_limit", memory_limit), ("cpu_seconds", cpu_seconds)):
-        if value is None:
-            continue
-        if where != PROCESS:
-            raise ValueError(f"{key} needs isolation='process'")
-        options[key] = _positive(key, value)
-    if (num_cpus is not None or resources is not None) and where in (None, PROCESS):
-        raise ValueError("num_cpus and resources are executor options (e.g. executor='ray')")
-    if num_cpus is not None:
-        options["num_cpus"] = _positive("num_cpus", num_cpus, allow_zero=True)
-    if resources is not None:
-        if not isinstance(resources, Mapping):
-            raise TypeError(f"resources must be a mapping of name -> amount, got {resources!r}")
-        options["resources"] = {
-            str(k): _positive(f"resources[{k!r}]", v) for k, v in resources.items()
-        }
-    limit = (
-        DEFAULT_MAX_RESULT_BYTES
-        if max_result_bytes is None
-        else int(_positive("max_result_bytes", max_result_bytes))
-    )
-    return where, options, limit
-
-
-def _positive(key: str, value: Any, *, allow_zero: bool = False) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{key} must be a number, got {value!r}")
-    if not (value >= 0 if allow_zero else value > 0):  # also rejects NaN
-        raise ValueError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-    return value
-
-
-def _check_importable(fn: Callable[..., Any], name: str) -> None:
-    # The worker finds the function by module and qualified name: it must be reachable so.
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", None)
-    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
-        raise TypeError(
-            f"tool {name!r}: an isolated tool must be a module-level function of an importable "
-            f"module (the worker imports it by name), not {fn!r}"
-        )
 
 
 def _check_version(version: str) -> str:

@@ -47,6 +47,7 @@ CASES: list[tuple[str, str, str]] = [
     ("W9", "w9_durable", "memory"),
     ("W9", "w9_durable", "sqlite"),
     ("W12", "w12_loop_lag", "steerable"),
+    ("W13", "w13_tracing", "overhead"),
 ]
 
 Target = tuple[str, float]  # ("<=" | ">=", value)
@@ -592,6 +593,31 @@ ROWS: list[Row] = [
         "excess_max_ms",
         targets=_both("<=", 5),
         target_text="≤5 over floor",
+    ),
+    Row(
+        "W13",
+        "no provider: µs/iter, 200 iters",
+        "w13_tracing.overhead",
+        "us_per_iter_none",
+        floors=(("W1", "w1_loop.memory", "us_per_iter_200"),),
+        target_text="W1 within noise",
+    ),
+    Row("W13", "no-op provider: µs/iter", "w13_tracing.overhead", "us_per_iter_noop"),
+    Row(
+        "W13",
+        "no-op provider: % over none",
+        "w13_tracing.overhead",
+        "overhead_noop_pct",
+        targets=_both("<=", 5),
+        target_text="≤5%",
+    ),
+    Row("W13", "SDK, in-memory exporter: µs/iter", "w13_tracing.overhead", "us_per_iter_sdk"),
+    Row("W13", "SDK: % over none", "w13_tracing.overhead", "overhead_sdk_pct"),
+    Row(
+        "W13",
+        "SDK: µs/iter until every span exported",
+        "w13_tracing.overhead",
+        "us_per_iter_sdk_exported",
     ),
 ]
 

@@ -1,0 +1,1 @@
+"""Observability: the runtime-wide event feed, OpenTelemetry traces and metrics, timelines."""
