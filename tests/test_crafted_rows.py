@@ -220,6 +220,6 @@ def test_the_cli_reports_an_unopenable_store_in_one_line(
     blocker.write_text("not a folder")
     assert main(["runs", "--db", str(blocker / "runs.db")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("steerable: [store_unavailable]")
+    assert err.startswith("steerable: [not_found]")  # a read never creates a database
     assert str(blocker / "runs.db") in err
     assert "Traceback" not in err
