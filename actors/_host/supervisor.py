@@ -698,10 +698,13 @@ class RunSupervisor(SteerableActor, MuxActor):
     def _finish(self) -> None:
         if self._outcome is None or self._ended is not None:
             return  # not yet, or its checkpoint is still on its way to the store
-        self._publish()
         if self._hooks_pending:
+            # Counted before the outcome is published: a host that returns from result()
+            # and shuts down at once must find these hooks in the drain, not miss them.
             self.services.hooks_draining.enter()
             self._draining = True
+        self._publish()
+        if self._hooks_pending:
             at = self.services.clock.now() + self.services.hook_timeout
             self.schedule(TimerKind.GRACE, "hooks", 0, at)
         else:
