@@ -262,8 +262,9 @@ def test_two_thousand_parked_runs_keep_the_thread_count_flat(tmp_path: Path) -> 
         before = threading.active_count()
         handles = [rt.start(f"task {i}", agent=AskThenEcho()) for i in range(runs)]
         until(passivated(rt, runs), timeout=60.0)
-        stats = rt.statistics()
-        assert stats["actors_live"] == 0
+        # The warm-up run's supervisor stops with a message queued after its last one (and
+        # after its pending hooks): it may still count for a moment.
+        until(lambda: rt.statistics()["actors_live"] == 0)
         assert threading.active_count() <= before  # 2,000 waiting runs, no thread among them
         for i, handle in enumerate(handles):
             handle.send(f"answer {i}")
