@@ -39,17 +39,11 @@ from steerable.protocol._codec import encode
 
 from .lease import Owner
 from .schema import SCHEMA_VERSION, check_foreign, migrate
-from .sqlite_files import (
-    private_file,
-    unavailable,
-)
+from .sqlite_files import private_file, unavailable
 from .sqlite_own import SqliteOwnership
 from .sqlite_reads import SqliteReads
 from .sqlite_writer import _ATTEMPT_BUSY, _STOP, SqliteWriter
-from .store import (
-    CheckpointStore,
-    check_record,
-)
+from .store import CheckpointStore, check_record
 
 __all__ = ["SCHEMA_VERSION", "SqliteStore", "default_db_path"]
 
