@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from steerable.actors._engine.base import SteerableActor
 from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import MuxActor
-from steerable.actors._machine.effects import CallJob, TimerKind
+from steerable.actors._machine.effects import CallJob, Effects, TimerKind
 from steerable.actors._machine.machine import MODEL_KEY, RunMachine
 from steerable.actors._tools.tool import Tool
 from steerable.protocol import (
@@ -267,6 +267,10 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
             self.services.hooks_draining.leave()
         for key in list(self._work):
             self.abandon_work(key)
+        # The machine refers back to its supervisor (its effects port): without that cycle a
+        # finished run (machine, cell, event history) is freed by reference counting as soon
+        # as the host drops its handle, instead of lingering until a full collection.
+        self.machine.fx = cast(Effects, _STOPPED)
 
     # ------------------------------------------------------------------ Parkable
 
@@ -285,6 +289,22 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
     def stop_parked(self) -> None:
         """Stop without waiting: the run now lives in the store until its next message."""
         self.actor_ref.stop(block=False)
+
+
+def _ignore(*args: object, **kwargs: object) -> None:
+    return None
+
+
+class _Stopped:
+    """The effects port of a stopped supervisor's machine: every effect is ignored."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return _ignore
+
+
+_STOPPED = _Stopped()
 
 
 _HANDLERS: dict[type, Callable[[RunSupervisor, Any, float], None]] = {
