@@ -13,12 +13,14 @@ supervisor_ending.py (its bases).
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from steerable.actors._engine.base import SteerableActor
 from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import MuxActor
+from steerable.actors._engine.timer import TimerHandle
 from steerable.actors._machine.effects import CallJob, Effects, TimerKind
 from steerable.actors._machine.machine import MODEL_KEY, RunMachine
 from steerable.actors._tools.tool import Tool
@@ -37,6 +39,7 @@ from steerable.protocol import (
 from .jobs import Accept, Decided, HookDone, HookJob, ToolDone
 from .live import LiveEvent
 from .messages import (
+    Alarm,
     Begin,
     CancelNow,
     ChildDone,
@@ -97,7 +100,10 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         self._ended: tuple[Phase | None, dict[str, Any]] | None = None
         self._store_error: AgentError | None = None  # the store gave up a write of this run
         self._final_state: RunState | None = None  # what the host sees instead of the machine's
-        self._timers: dict[tuple[TimerKind, str], Any] = {}
+        self._timers: dict[tuple[TimerKind, str], tuple[float, int, int]] = {}
+        self._timer_seq = 0
+        self._alarm: TimerHandle | None = None
+        self._alarm_at = math.inf
         self._hooks_pending = 0
         self._wall = services.clock.wall()
         self._hook_jobs: list[HookJob] = []
@@ -161,11 +167,18 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         )
 
     def _on_timer(self, message: TimerFired, now: float) -> None:
+        # From outside the run's own timers (a passivated run's deadline, told on its wake).
         self._timers.pop((message.kind, message.key), None)
-        if message.kind is TimerKind.GRACE and message.key == "hooks":
+        self._timer_fired(message.kind, message.key, message.attempt, now)
+
+    def _on_alarm(self, message: Alarm, now: float) -> None:
+        self._ring(now)
+
+    def _timer_fired(self, kind: TimerKind, key: str, attempt: int, now: float) -> None:
+        if kind is TimerKind.GRACE and key == "hooks":
             self._hooks_timed_out()
         else:
-            self.machine.timer(message.kind, message.key, message.attempt, now)
+            self.machine.timer(kind, key, attempt, now)
 
     def _on_host(self, message: HostMsg, now: float) -> None:
         self.machine.host(message.message, now)
@@ -183,9 +196,7 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         cell = self.cell
         self._log.warning("run_fenced_out", epoch=cell.epoch)
         self._held.clear()
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self._cancel_timers()
         children, self._children = list(self._children.values()), {}
         for child in children:  # fenced with their parent: they must not write either
             self.services.host.lease_lost(child)
@@ -259,9 +270,7 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
     def stopping(self) -> None:
         """On stop: cancel timers; in-flight work of a live run is abandoned."""
         self._held_decide = None
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self._cancel_timers()
         if self._draining:  # stopped by the runtime's shutdown before its hooks were done
             self._draining = False
             self.services.hooks_draining.leave()
@@ -311,6 +320,7 @@ _HANDLERS: dict[type, Callable[[RunSupervisor, Any, float], None]] = {
     ToolDone: RunSupervisor._on_tool_done,
     Decided: RunSupervisor._on_decided,
     TimerFired: RunSupervisor._on_timer,
+    Alarm: RunSupervisor._on_alarm,
     HostMsg: RunSupervisor._on_host,
     ChildDone: RunSupervisor._on_child_done,
     CancelNow: RunSupervisor._on_cancel_now,
