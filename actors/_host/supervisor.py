@@ -112,7 +112,14 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         self._published = False  # the outcome is settled; hooks still pending run after it
         self._draining = False  # counted in services.hooks_draining until its hooks are done
 
+        # The machine reaches this supervisor only through `port`, which `stopping` empties.
+        self.port = _Port(self)
         self.machine = machine_factory(self)
+
+    @property
+    def effects(self) -> Effects:
+        """The effects port the run's machine acts through (emptied when this stops)."""
+        return cast(Effects, self.port)
 
     @property
     def _log(self) -> Any:
@@ -277,9 +284,9 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         for key in list(self._work):
             self.abandon_work(key)
         # The machine refers back to its supervisor (its effects port): without that cycle a
-        # finished run (machine, cell, event history) is freed by reference counting as soon
-        # as the host drops its handle, instead of lingering until a full collection.
-        self.machine.fx = cast(Effects, _STOPPED)
+        # finished run (supervisor, cell, event history) is freed by reference counting as
+        # soon as the host drops its handle, instead of lingering until a full collection.
+        self.port.detach()
 
     # ------------------------------------------------------------------ Parkable
 
@@ -304,16 +311,39 @@ def _ignore(*args: object, **kwargs: object) -> None:
     return None
 
 
-class _Stopped:
-    """The effects port of a stopped supervisor's machine: every effect is ignored."""
+_EFFECTS = (
+    "abandon_work",
+    "cancel_work",
+    "checkpoint",
+    "decide",
+    "dispatch",
+    "emit",
+    "journal",
+    "schedule",
+    "settled",
+    "start_child",
+    "unschedule",
+)
 
-    __slots__ = ()
 
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return _ignore
+class _Port:
+    """A machine's effects port: its supervisor's bound methods, emptied when it stops.
 
+    As cheap to call as the supervisor itself (one attribute, one bound method). The machine
+    and its parts keep the port, not the supervisor, so once `detach` ran nothing of the
+    machine leads back to the supervisor, its cell or its event history.
+    """
 
-_STOPPED = _Stopped()
+    __slots__ = _EFFECTS
+
+    def __init__(self, supervisor: RunSupervisor) -> None:
+        for name in _EFFECTS:
+            setattr(self, name, getattr(supervisor, name))
+
+    def detach(self) -> None:
+        """Ignore every effect from now on (the supervisor stopped)."""
+        for name in _EFFECTS:
+            setattr(self, name, _ignore)
 
 
 _HANDLERS: dict[type, Callable[[RunSupervisor, Any, float], None]] = {
