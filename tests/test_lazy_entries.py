@@ -1,4 +1,4 @@
-"""A stored run's transcript decoded lazily (W4): `LazyEntries`.
+"""A stored run's transcript decoded lazily (W4): `LazyEntries` and SqliteStore's load.
 
 The load checks every row's checksum and the transcript's completeness; each entry is decoded
 and validated when first read, once, and a record that does not decode is refused every time it
@@ -8,12 +8,21 @@ is read, with the `checkpoint_corrupt` an eager load gave.
 from __future__ import annotations
 
 import pickle
+import sqlite3
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from steerable.protocol import SystemNote, TranscriptEntry
+from steerable.actors import SqliteStore
+from steerable.protocol import ErrorCode, SteerableError, SystemNote, TranscriptEntry
 from steerable.protocol._codec import decode, encode
 from steerable.protocol._stored import LazyEntries
+
+if TYPE_CHECKING:  # mypy resolves the kit as tests.* (explicit package bases)
+    from tests.test_stores import notes, snapshot
+else:  # pytest puts tests/ on sys.path (rootdir "prepend" import mode)
+    from test_stores import notes, snapshot
 
 NOTES = [SystemNote(text=f"n{i}") for i in range(5)]
 
@@ -81,3 +90,62 @@ def test_an_entry_that_does_not_decode_is_refused_each_time_it_is_read() -> None
         list(entries)
     assert decoder.calls.count(3) == 3  # never cached as if it had decoded
     assert entries[4] == NOTES[4]
+
+
+def _stored(path: Path, count: int) -> None:
+    store = SqliteStore(path)
+    try:
+        store.write_checkpoint(
+            "r", 0, snapshot("r", 0, transcript_len=count), 0, notes("r", 0, count)
+        )
+    finally:
+        store.close()
+
+
+def test_sqlite_load_checks_every_checksum_before_anything_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    _stored(path, 3)
+    with sqlite3.connect(path) as conn:  # a flipped byte: the checksum no longer holds
+        (blob,) = conn.execute("SELECT entry FROM entries WHERE idx=2").fetchone()
+        conn.execute("UPDATE entries SET entry=? WHERE idx=2", (blob[:-1] + b"!",))
+    conn.close()
+    store = SqliteStore(path)
+    try:
+        with pytest.raises(SteerableError) as raised:
+            store.load("r")
+        assert raised.value.code is ErrorCode.CHECKPOINT_CORRUPT
+        assert "entry 2 fails its checksum" in raised.value.error.message
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("hole", ["missing", "misnumbered"])
+def test_sqlite_load_refuses_a_transcript_with_a_hole(tmp_path: Path, hole: str) -> None:
+    path = tmp_path / "runs.db"
+    _stored(path, 3)
+    with sqlite3.connect(path) as conn:
+        if hole == "missing":
+            conn.execute("DELETE FROM entries WHERE idx=1")
+        else:
+            conn.execute("UPDATE entries SET idx=-1 WHERE idx=1")
+    conn.close()
+    store = SqliteStore(path)
+    try:
+        with pytest.raises(SteerableError) as raised:
+            store.load("r")
+        assert raised.value.code is ErrorCode.CHECKPOINT_CORRUPT
+        assert "transcript has" in raised.value.error.message
+    finally:
+        store.close()
+
+
+def test_sqlite_load_reads_entries_after_the_store_is_closed(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    _stored(path, 4)
+    store = SqliteStore(path)
+    stored = store.load("r")
+    store.close()
+    assert isinstance(stored.transcript, LazyEntries)
+    assert [e.text for e in stored.transcript if isinstance(e, SystemNote)] == [
+        f"r/{i}" for i in range(4)
+    ]
