@@ -282,9 +282,12 @@ class SqliteWriter:
         with self._write_lock:
             if self._conn_closed:
                 raise SteerableError(AgentError.of(ErrorCode.RUN_ENDED, "the store is closed"))
+            conn = self._writer_conn
+            if conn.in_transaction:
+                return False  # a failed transaction is still open: its INSERT would not commit
             try:
                 # One statement in autocommit mode: its own transaction, committed on return.
-                self._writer_conn.execute(
+                conn.execute(
                     "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc) VALUES (?,?,?,?)",
                     (run_id, seq, blob, checksum(blob)),
                 )
