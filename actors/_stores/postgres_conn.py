@@ -32,6 +32,7 @@ _T = TypeVar("_T")
 
 _FIRST_BACKOFF = 0.01
 _MAX_BACKOFF = 0.5
+_POOL_WAIT = 0.2  # seconds one try waits for a pooled connection before connecting directly
 
 _TRANSIENT_CLASSES = frozenset({"08", "40", "53", "55", "57"})
 """SQLSTATE classes worth retrying: connection exceptions, transaction rollbacks
@@ -96,6 +97,7 @@ class Connections:
     ) -> None:
         psycopg, pool_mod = import_psycopg()
         self.psycopg = psycopg
+        self.pool_timeout: type[Exception] = pool_mod.PoolTimeout
         self.retry_for = retry_for
         self.closing = threading.Event()
         self.retries = 0
@@ -164,15 +166,7 @@ class Connections:
         while True:
             attempt += 1
             try:
-                with self.pool.connection(timeout=max(0.1, deadline - time.monotonic())) as conn:
-                    if read_only:
-                        with conn.transaction():
-                            conn.execute(
-                                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"
-                            )
-                            return work(conn)
-                    with conn.transaction():
-                        return work(conn)
+                return self._attempt(work, read_only, deadline)
             except self.psycopg.Error as exc:
                 now = time.monotonic()
                 if transient(exc) and now < deadline and not self.closing.is_set():
@@ -197,6 +191,42 @@ class Connections:
                     transient=transient(exc),
                     sqlstate=getattr(exc, "sqlstate", None),
                 ) from None
+
+    def _attempt(
+        self,
+        work: Callable[[psycopg.Connection[Any]], _T],
+        read_only: bool,
+        deadline: float,
+    ) -> _T:
+        """One try: a pooled connection, or a direct one when the pool has none to give soon.
+
+        After a storm of dropped connections the pool refills itself with growing backoff;
+        a store operation does not wait for that (a local connect takes milliseconds).
+        """
+        wait = min(_POOL_WAIT, max(0.01, deadline - time.monotonic()))
+        try:
+            conn = self.pool.getconn(timeout=wait)
+        except self.pool_timeout:
+            direct = self.connect()
+            try:
+                return self._transaction(direct, work, read_only)
+            finally:
+                direct.close()
+        try:
+            return self._transaction(conn, work, read_only)
+        finally:
+            self.pool.putconn(conn)  # a broken connection is discarded and replaced
+
+    @staticmethod
+    def _transaction(
+        conn: psycopg.Connection[Any],
+        work: Callable[[psycopg.Connection[Any]], _T],
+        read_only: bool,
+    ) -> _T:
+        with conn.transaction():
+            if read_only:
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            return work(conn)
 
     def close(self) -> None:
         """Close the pool if this object made it."""
