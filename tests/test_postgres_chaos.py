@@ -89,7 +89,7 @@ def _run_with_chaos(schema: str, chaos: Callable[[threading.Event], None]) -> No
         killer.join(WAIT)
     assert not failures, failures
     expected = sorted([f"local {k}" for k in range(3)] + [f"remote {k}" for k in range(3)])
-    for handle, outcome in zip(handles, outcomes, strict=True):
+    for outcome in outcomes:
         assert outcome.state is RunState.FINISHED, outcome.errors
         assert outcome.output == expected  # each message exactly once
     check = pg_store(schema)
