@@ -45,5 +45,5 @@ def test_processes_on_postgres(
     monkeypatch.setattr(procs, "store_arg", lambda work: f"pg:{pg_schema}")
     monkeypatch.setattr(procs, "open_store", lambda work: pg_store(pg_schema))
     monkeypatch.setattr(procs, "revision_epochs", epochs)
-    case(**{name: tmp_path for name in inspect.signature(case).parameters})
+    case(**dict.fromkeys(inspect.signature(case).parameters, tmp_path))
     assert admin(f"SELECT count(*) FROM {pg_schema}.runs")[0][0] > 0  # it ran on PostgreSQL
