@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -260,3 +260,59 @@ def test_a_killed_listener_re_listens_and_rescans(pg_schema: str) -> None:
             threading.Event().wait(0.01)
         assert watcher.reconnects >= 1
         assert watcher.listening.wait(WAIT)
+
+
+# --------------------------------------------------------------------------- stored events
+
+
+def _record(seq: int, kind: EventKind = EventKind.CHECKPOINT) -> tuple[Any, ...]:
+    return (seq, kind, None, float(seq), {"n": seq}, "r", None)
+
+
+def test_stored_events_follow_the_documented_contract(pg_schema: str) -> None:
+    store = pg_store(pg_schema)
+    other = pg_store(pg_schema)
+    try:
+        with pytest.raises(SteerableError) as unknown:
+            store.events("r")
+        assert unknown.value.code is ErrorCode.NOT_FOUND
+        assert store.next_event_seq("r") == 0
+        store.write_checkpoint("r", 0, snapshot("r", 0, transcript_len=0), 0, [])
+        assert store.events("r") == []  # a known run with no event yet
+        store.event_retention = 5
+        store.append_events("r", "ab" * 16, [_record(i) for i in range(4)])
+        store.append_events("r", "ab" * 16, [_record(i) for i in range(3, 8)])  # 3 again
+        assert [e.seq for e in store.events("r")] == [3, 4, 5, 6, 7]  # the last 5 kept
+        store.flush()
+        events = other.events("r")  # another host reads them once committed
+        assert [e.seq for e in events] == [3, 4, 5, 6, 7]  # the last 5 kept
+        assert events[0].trace_id == "ab" * 16
+        assert events[0].data == {"n": 3}
+        assert events[0].kind is EventKind.CHECKPOINT
+        assert [e.seq for e in other.events("r", start=5, limit=2)] == [5, 6]
+        assert other.next_event_seq("r") == 8
+        assert other.run_state("r") is RunState.RUNNING
+    finally:
+        store.close()
+        other.close()
+
+
+def test_a_fenced_out_store_stores_no_events(pg_schema: str) -> None:
+    from steerable.actors._stores.lease import Owner
+
+    first, second = pg_store(pg_schema), pg_store(pg_schema)
+    fenced: list[str] = []
+    first.add_fence_listener(fenced.append)
+    try:
+        a, b = Owner.new(), Owner.new()
+        first.write_checkpoint("r", 0, snapshot("r", 0, transcript_len=0), 0, [])
+        first.flush()
+        first.claim("r", a, 30.0)
+        second.claim("r", b, 30.0, force=True)
+        first.append_events("r", "ab" * 16, [_record(0)])
+        first.flush()
+        assert fenced == ["r"]
+        assert second.events("r") == []
+    finally:
+        first.close()
+        second.close()

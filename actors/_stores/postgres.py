@@ -36,6 +36,7 @@ from steerable.protocol._codec import encode, encode_body
 
 from .lease import Owner
 from .postgres_conn import Connections, _redacted
+from .postgres_events import PostgresEvents, apply_events, event_rows
 from .postgres_listen import PgWatcher
 from .postgres_own import NOW, PostgresOwnership
 from .postgres_schema import SCHEMA_VERSION, check_schema_name, migrate
@@ -63,7 +64,7 @@ _log = get_logger("steerable.postgres")
 
 _STOP = object()
 _PROBE = 0.25  # seconds of retrying a store whose last write was given up gets
-_FENCED_OPS = frozenset({"checkpoint", "journal"})
+_FENCED_OPS = frozenset({"checkpoint", "journal", "events"})
 
 
 def _text(value: str) -> str:
@@ -71,7 +72,7 @@ def _text(value: str) -> str:
     return value.replace("\x00", "\ufffd") if "\x00" in value else value
 
 
-class PostgresStore(PostgresOwnership, CheckpointStore):
+class PostgresStore(PostgresEvents, PostgresOwnership, CheckpointStore):
     """A durable store in a PostgreSQL database, shared by any number of hosts.
 
     Args:
@@ -331,6 +332,8 @@ class PostgresStore(PostgresOwnership, CheckpointStore):
 
     def _prepare(self, op: tuple[Any, ...]) -> Any:
         """Encode a write before its transaction (a retry encodes nothing again)."""
+        if op[0] == "events":
+            return event_rows(op[1], op[2], op[3])
         if op[0] != "checkpoint":
             return None
         snapshot, entries = op[3], op[5]
@@ -381,6 +384,9 @@ class PostgresStore(PostgresOwnership, CheckpointStore):
                     "crc=excluded.crc",
                     (run_id, seq, blob, zlib.crc32(blob)),
                 )
+            elif kind == "events":
+                if fence.get(op[1], True):
+                    apply_events(conn, s, prepared[index], op[4])
             elif kind == "release":
                 _, run_id, owner, epoch = op
                 conn.execute(
