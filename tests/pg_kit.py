@@ -92,9 +92,23 @@ def terminate_backends(application: str | None = None) -> int:
     return int(rows[0][0])
 
 
-def restart_server() -> None:
-    """Restart the test server (fast shutdown: every connection is dropped)."""
+def _server(action: str) -> None:
     folder = os.environ.get(DIR_ENV, "")
     if not folder:
-        _missing(f"{DIR_ENV} is not set (a restart needs the server's folder)")
-    subprocess.run([str(SERVER_SCRIPT), "restart", folder], check=True, timeout=120)
+        _missing(f"{DIR_ENV} is not set (this test needs the server's folder)")
+    subprocess.run([str(SERVER_SCRIPT), action, folder], check=True, timeout=120)
+
+
+def restart_server() -> None:
+    """Restart the test server (fast shutdown: every connection is dropped)."""
+    _server("restart")
+
+
+def stop_server() -> None:
+    """Stop the test server (fast shutdown); `start_server_again()` brings it back."""
+    _server("stop")
+
+
+def start_server_again() -> None:
+    """Start the stopped test server again, with its data."""
+    _server("up")

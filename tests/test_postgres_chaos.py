@@ -1,8 +1,9 @@
-"""Connection chaos on PostgreSQL: every backend terminated mid-run (`pg_terminate_backend`),
-again and again, and the server restarted mid-run. Runs go on (a dropped connection is a
+"""Connection chaos and store faults on PostgreSQL: every backend terminated mid-run
+(`pg_terminate_backend`), again and again, and the server restarted mid-run. Runs go on (a dropped connection is a
 reconnect and a retry inside the store), no psycopg error reaches a run or a caller, and
 nothing is lost or duplicated: every run finishes with its whole transcript, every message
-sent (from the owner's runtime and from another one) is delivered exactly once.
+sent (from the owner's runtime and from another one) is delivered exactly once. And the server
+down past `write_timeout`: the write is given up (`store_unavailable`), never said stored.
 """
 
 from __future__ import annotations
@@ -11,21 +12,33 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from steerable.actors import Runtime, tool
 from steerable.actors.testing import ScriptedAgent, call, plan
 from steerable.protocol import (
     AskUser,
+    ErrorCode,
     Finish,
     RunState,
     RunView,
+    SteerableError,
     ToolResult,
     UserMessage,
 )
 
 if TYPE_CHECKING:  # mypy resolves the kits as tests.* (explicit package bases)
-    from tests.pg_kit import pg_store, restart_server, terminate_backends
+    from tests.pg_kit import (
+        pg_store,
+        restart_server,
+        start_server_again,
+        stop_server,
+        terminate_backends,
+    )
+    from tests.test_stores import message, snapshot
 else:  # pytest puts tests/ on sys.path (rootdir "prepend" import mode)
-    from pg_kit import pg_store, restart_server, terminate_backends
+    from pg_kit import pg_store, restart_server, start_server_again, stop_server, terminate_backends
+    from test_stores import message, snapshot
 
 WAIT = 90.0  # fail-instead-of-hang bound
 STEPS = 12
@@ -132,3 +145,46 @@ def test_a_server_restart_mid_run_loses_nothing(pg_schema: str) -> None:
 
     _run_with_chaos(pg_schema, chaos)
     assert restarts
+
+
+def test_a_server_down_past_write_timeout_is_store_unavailable_and_nothing_is_said_stored(
+    pg_schema: str,
+) -> None:
+    """docs/reliability.md, "Store faults", on PostgreSQL: a write given up is never reported
+    stored; the store keeps the last good revision; once the server is back it writes again."""
+    store = pg_store(pg_schema, write_timeout=0.5)
+    stored: list[int] = []
+    failed: list[Any] = []
+    try:
+        store.write_checkpoint(
+            "r", 0, snapshot("r", 0, transcript_len=0), 0, [], lambda: stored.append(0)
+        )
+        store.flush()
+        stop_server()
+        try:
+            store.write_checkpoint(
+                "r", 1, snapshot("r", 1, transcript_len=0), 0, [],
+                lambda: stored.append(1), on_failed=failed.append,
+            )  # fmt: skip
+            store.flush()
+            assert [e.code for e in failed] == [ErrorCode.STORE_UNAVAILABLE]
+            with pytest.raises(SteerableError) as info:
+                store.append_message("r", message(0))
+            assert info.value.code is ErrorCode.STORE_UNAVAILABLE
+        finally:
+            start_server_again()
+        assert stored == [0]  # revision 1 was never said stored
+        assert store.load("r").snapshot.revision == 0  # the last good revision, whole
+        # A revision on top of one that was given up is refused, never stored with a hole.
+        store.write_checkpoint(
+            "r", 2, snapshot("r", 2, transcript_len=0), 0, [],
+            lambda: stored.append(2), on_failed=failed.append,
+        )  # fmt: skip
+        store.flush()
+        assert stored == [0]
+        assert len(failed) == 2
+        store.append_message("r", message(0))  # the server is back: writes land again
+        assert [m.seq for m in store.load("r").messages] == [0]
+        assert store.statistics()["writes_given_up"] >= 1
+    finally:
+        store.close()
