@@ -1,9 +1,10 @@
 """Connection chaos and store faults on PostgreSQL: every backend terminated mid-run
-(`pg_terminate_backend`), again and again, and the server restarted mid-run. Runs go on (a dropped connection is a
-reconnect and a retry inside the store), no psycopg error reaches a run or a caller, and
-nothing is lost or duplicated: every run finishes with its whole transcript, every message
-sent (from the owner's runtime and from another one) is delivered exactly once. And the server
-down past `write_timeout`: the write is given up (`store_unavailable`), never said stored.
+(`pg_terminate_backend`), again and again, and the server restarted mid-run. Runs go on (a
+dropped connection is a reconnect and a retry inside the store), no psycopg error reaches a
+run or a caller, and nothing is lost or duplicated: every run finishes with its whole
+transcript, every message sent (from the owner's runtime and from another one) is delivered
+exactly once. And the server down past `write_timeout`: the write is given up
+(`store_unavailable`), never said stored.
 """
 
 from __future__ import annotations
