@@ -31,18 +31,16 @@ from steerable.protocol import (
 )
 
 if TYPE_CHECKING:  # mypy resolves the kit as tests.test_stores (explicit package bases)
-    from tests.test_stores import snapshot
+    from tests.test_stores import make_store, snapshot
 else:  # pytest puts tests/ on sys.path (rootdir "prepend" import mode)
-    from test_stores import snapshot
+    from test_stores import make_store, snapshot
 
 WAIT = 10.0
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CheckpointStore]:
-    made: CheckpointStore = (
-        MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "runs.db")
-    )
+    made = make_store(request.param, request, tmp_path)
     yield made
     made.close()
 
@@ -54,7 +52,8 @@ def until_expired(store: CheckpointStore, run_id: str) -> None:
     """
     lease = store.lease(run_id)
     assert lease is not None
-    clock = time.time if isinstance(store, SqliteStore) else time.monotonic
+    clock = time.monotonic if isinstance(store, MemoryStore) else time.time  # durable: the
+    # machine's clock (SQLite), or the database server's, here on the same machine (PostgreSQL)
     remaining = lease.expires_at - clock()
     if remaining > 0:
         threading.Event().wait(remaining + 0.01)
