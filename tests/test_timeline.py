@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from steerable.actors import RetryableToolError, Runtime, ToolContext, tool
+from steerable.actors import RetryableToolError, Runtime, SqliteStore, ToolContext, tool
 from steerable.actors._cli.cli import main
 from steerable.actors._observe.chrome import chrome_trace
 from steerable.actors._observe.files import write_timeline
@@ -278,5 +278,6 @@ def test_steerable_trace_writes_both_formats_from_recorded_events(
 def test_steerable_trace_without_recorded_events_says_how_to_get_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    SqliteStore(tmp_path / "runs.db").close()  # `trace` never creates a database
     assert main(["trace", "run_x", "--db", str(tmp_path / "runs.db")]) == 2
     assert "--events FILE" in capsys.readouterr().err

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from .common import emit_json, guarded, json_argument, open_store
+
 if TYPE_CHECKING:
     from steerable.protocol import RunEvent
 
@@ -41,12 +43,11 @@ def trace_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="include message and tool content (task, arguments, results)",
     )
+    json_argument(parser)
 
 
 def _stored_events(args: argparse.Namespace) -> list[RunEvent] | None:
-    from steerable.actors._stores.sqlite import SqliteStore, default_db_path
-
-    store = SqliteStore(args.db if args.db is not None else default_db_path())
+    store = open_store(args)  # a missing database is not_found, never created
     try:
         reader = getattr(store, "events", None)
         if not callable(reader):
@@ -56,6 +57,7 @@ def _stored_events(args: argparse.Namespace) -> list[RunEvent] | None:
         store.close()
 
 
+@guarded
 def cmd_trace(args: argparse.Namespace) -> int:
     """Write a run's timeline; exit 2 if its events cannot be found."""
     from steerable.actors._observe.files import read_events, run_tree_events, write_timeline
@@ -82,5 +84,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
     suffix = ".html" if args.format == "html" else ".json"
     out = args.out if args.out is not None else Path(f"{args.run_id}{suffix}")
     write_timeline(events, out, format=args.format, content=args.content)
-    print(f"{args.format} timeline of {args.run_id} ({len(events)} events): {out}")
+    if args.json:
+        emit_json(
+            {"run_id": args.run_id, "format": args.format, "events": len(events), "out": str(out)}
+        )
+    else:
+        print(f"{args.format} timeline of {args.run_id} ({len(events)} events): {out}")
     return 0
