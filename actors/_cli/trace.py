@@ -52,6 +52,7 @@ def _stored_events(args: argparse.Namespace) -> list[RunEvent] | None:
         reader = getattr(store, "events", None)
         if not callable(reader):
             return None
+        store.load(args.run_id)  # an unknown run is not_found
         return list(cast("Callable[[str], Iterable[Any]]", reader)(args.run_id))
     finally:
         store.close()
