@@ -379,7 +379,7 @@ def test_text_the_store_cannot_keep_is_exit_2_and_nothing_is_stored(
         wait_state(handle, RunState.WAITING, timeout=WAIT)
     assert main(["send", "--db", str(db), handle.run_id, "bad \udc80 text"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("steerable: [invalid_input]")
+    assert err.startswith("steerable: [invalid_arguments]")
     assert len(err.splitlines()) == 1
     store = SqliteStore(db, create=False)
     try:

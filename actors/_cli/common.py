@@ -123,7 +123,7 @@ def guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
             print(f"steerable: {exc}", file=sys.stderr)
             return REFUSED if exc.code is ErrorCode.RUN_ENDED else BAD
         except (ValueError, TypeError) as exc:
-            print(f"steerable: [invalid_input] {exc}", file=sys.stderr)
+            print(f"steerable: [invalid_arguments] {exc}", file=sys.stderr)
             return BAD
         except TimeoutError as exc:
             print(f"steerable: [timeout] {exc}", file=sys.stderr)
