@@ -206,10 +206,6 @@ def test_cancel_ends_a_run_another_process_owns(tmp_path: Path) -> None:
         events = follower.events()
     _check_stream(events, run_id, "cancelled")
     assert _stored_state(db, run_id) is RunState.CANCELLED
-    again = cli(db, "cancel", run_id, "--json")
-    assert again.returncode == 1
-    assert json.loads(again.stdout) == {"run_id": run_id, "cancelled": False, "state": "cancelled"}
-    assert again.stderr.startswith("steerable: [refused]")
 
 
 def _pending(db: Path, run_id: str) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ happened at or before that moment, after the previous checkpoint): `entry_times`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -101,14 +102,7 @@ def timed_replay(store: CheckpointStore, stored: StoredRun) -> Replay:
     for index, at in enumerate(times, start=1):
         events[index] = events[index].model_copy(update={"at": at})
     # A terminal replay's last event (run_ended) keeps the terminal checkpoint's time.
-    return type(replay)(
-        run_id=replay.run_id,
-        revision=replay.revision,
-        snapshot=replay.snapshot,
-        transcript=replay.transcript,
-        events=tuple(events),
-        outcome=replay.outcome,
-    )
+    return dataclasses.replace(replay, events=tuple(events))
 
 
 # ---------------------------------------------------------------------------------- runs
