@@ -122,9 +122,11 @@ def test_show_json_holds_the_snapshot_and_a_dated_transcript(
         "counters",
         "output",
         "errors",
+        "owner",
         "transcript",
     }
     assert (shown["state"], shown["output"], shown["errors"]) == ("finished", {"said": "two"}, [])
+    assert shown["owner"]["live"] is False  # its terminal write released the lease
     assert shown["counters"] == {"steps": 2, "model_calls": 3, "tokens": 0, "retries": 0}
     assert shown["created_at"] == WALL
     entries = shown["transcript"]
@@ -149,6 +151,7 @@ def test_show_and_revisions_print_timestamps(
     from steerable.actors._cli.common import stamp
 
     assert f"created   {stamp(WALL)}   updated {stamp(WALL + 180)}" in out
+    assert "owner     -\n" in out  # ended: nobody needs it
     assert f"     1  {stamp(WALL + 60)}  result c1.0 echo: ok" in out
     assert f"     3  {stamp(WALL + 120)}  result c2.0 echo: ok" in out
     assert main(["revisions", "--db", str(runs.db), runs.finished, "--json"]) == 0
@@ -248,6 +251,8 @@ def test_approvals_and_decisions_on_a_parked_run(
         ("publish", {"what": "b"}),
     ]
     first, second = (p["call_id"] for p in pending["pending"])
+    assert main(["show", *base]) == 0
+    assert "owner     nobody (parked or orphaned" in capsys.readouterr().out
     assert main(["approve", *base, "c-none", "--json"]) == 1
     captured = capsys.readouterr()
     assert json.loads(captured.out) == {

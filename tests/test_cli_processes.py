@@ -222,6 +222,10 @@ def test_approve_lets_a_gated_call_of_another_process_run(tmp_path: Path) -> Non
     with host(db, "start", "gate") as h:
         run_id = h.expect("run")[1]
         follower = Follower(db, run_id)
+        shown = cli(db, "show", run_id, "--json")
+        assert shown.returncode == 0, shown.stderr
+        owner = json.loads(shown.stdout)["owner"]
+        assert (owner["pid"], owner["live"]) == (h.proc.pid, True)
         pending = _pending(db, run_id)
         assert [(p["tool"], p["arguments"]) for p in pending] == [("publish", {"what": "notes"})]
         call_id = pending[0]["call_id"]

@@ -175,13 +175,44 @@ def _snapshot_json(snap: RunSnapshot) -> dict[str, Any]:
     }
 
 
+def _owner_json(store: CheckpointStore, run_id: str) -> dict[str, Any] | None:
+    """Who holds the run's lease, and whether it still does (None: never claimed)."""
+    import time
+
+    from steerable.actors._stores.lease import owner_gone
+
+    lease = store.lease(run_id)
+    if lease is None:
+        return None
+    return {
+        "instance_id": lease.owner.instance_id,
+        "host": lease.owner.host,
+        "pid": lease.owner.pid,
+        "epoch": lease.epoch,
+        "expires_at": lease.expires_at,
+        "live": lease.expires_at > time.time() and not owner_gone(lease.owner),
+    }
+
+
+def _owner_line(owner: dict[str, Any] | None, terminal: bool) -> str:
+    if terminal:
+        return "-"
+    if owner is None or not owner["live"]:
+        return "nobody (parked or orphaned: its next resume or adoption takes it)"
+    return (
+        f"{owner['host']} pid {owner['pid']} (epoch {owner['epoch']}, "
+        f"lease until {stamp(owner['expires_at'])})"
+    )
+
+
 @guarded
 def cmd_show(args: argparse.Namespace) -> int:
-    """A run's state, counters, errors and a dated transcript summary."""
+    """A run's state, owner, counters, errors and a dated transcript summary."""
     store = open_store(args)
     try:
         stored = store.load(args.run_id)
         times = _times_of(store, stored)
+        owner = _owner_json(store, args.run_id)
     finally:
         store.close()
     snap = stored.snapshot
@@ -189,6 +220,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         emit_json(
             {
                 **_snapshot_json(snap),
+                "owner": owner,
                 "transcript": [
                     {
                         "index": index,
@@ -207,6 +239,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"task      {snap.task}")
     print(f"agent     {snap.agent}   depth {snap.depth}   parent {snap.parent_run_id or '-'}")
     print(f"created   {stamp(snap.created_at)}   updated {stamp(snap.updated_at)}")
+    print(f"owner     {_owner_line(owner, snap.state.is_terminal)}")
     if snap.forked_from is not None:
         print(f"forked    from {snap.forked_from.run_id} at revision {snap.forked_from.revision}")
     print(
