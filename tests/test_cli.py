@@ -335,7 +335,7 @@ def test_a_missing_database_is_exit_2_and_never_created(
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("argv", [a for a in _ALL[1:] if a[0] != "trace"], ids=" ".join)
+@pytest.mark.parametrize("argv", _ALL[1:], ids=" ".join)
 def test_an_unknown_run_is_exit_2_not_found(
     argv: list[str], runs: Runs, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -278,6 +278,7 @@ def test_steerable_trace_writes_both_formats_from_recorded_events(
 def test_steerable_trace_without_recorded_events_says_how_to_get_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    SqliteStore(tmp_path / "runs.db").close()  # `trace` never creates a database
-    assert main(["trace", "run_x", "--db", str(tmp_path / "runs.db")]) == 2
+    with Runtime(store=SqliteStore(tmp_path / "runs.db")) as rt:  # `trace` creates no database
+        run_id = rt.start("t", agent=ScriptedAgent()).result(10.0).run_id
+    assert main(["trace", run_id, "--db", str(tmp_path / "runs.db")]) == 2
     assert "--events FILE" in capsys.readouterr().err

@@ -35,6 +35,7 @@ __all__ = [
     "emit_json",
     "guarded",
     "json_argument",
+    "keeps_events",
     "open_store",
     "quiet_logs",
     "short",
@@ -102,6 +103,19 @@ def client(args: argparse.Namespace) -> Iterator[Runtime]:
         yield rt
     finally:
         rt.shutdown(cancel_runs=False)
+
+
+def keeps_events(store: Any, run_id: str) -> bool:
+    """Whether `store` keeps events and holds some of `run_id`'s (docs/durability.md, "Stored
+    events"); a store of an older steerable has no `stores_events` and keeps them if it has
+    `events`."""
+    flag = getattr(store, "stores_events", None)
+    if flag is None:
+        flag = callable(getattr(store, "events", None))
+    if not flag:
+        return False
+    next_seq = getattr(store, "next_event_seq", None)
+    return not callable(next_seq) or int(next_seq(run_id)) > 0
 
 
 def guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

@@ -12,7 +12,7 @@ import argparse
 import sys
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .common import (
     OK,
@@ -22,6 +22,7 @@ from .common import (
     emit_json,
     guarded,
     json_argument,
+    keeps_events,
     short,
     stamp,
 )
@@ -188,11 +189,10 @@ def events_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _stored_events(rt: Runtime, run_id: str, start: int) -> list[RunEvent]:
     """The events stored so far: the store's own, else derived from the checkpoints."""
-    store = rt.store
+    store: Any = rt.store
     stored = store.load(run_id)  # not_found for an unknown run, whatever the store keeps
-    reader = getattr(store, "events", None)
-    if callable(reader):
-        return [event for event in reader(run_id, start=start) if event.seq >= start]
+    if keeps_events(store, run_id):
+        return [event for event in store.events(run_id, start=start) if event.seq >= start]
     return [e for e in timed_replay(store, stored).events if e.seq >= start]
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from .common import emit_json, guarded, json_argument, open_store
+from .common import emit_json, guarded, json_argument, keeps_events, open_store
 
 if TYPE_CHECKING:
     from steerable.protocol import RunEvent
@@ -49,11 +49,11 @@ def trace_arguments(parser: argparse.ArgumentParser) -> None:
 def _stored_events(args: argparse.Namespace) -> list[RunEvent] | None:
     store = open_store(args)  # a missing database is not_found, never created
     try:
-        reader = getattr(store, "events", None)
-        if not callable(reader):
+        if not keeps_events(store, args.run_id):
+            store.load(args.run_id)  # an unknown run is not_found, whatever the store keeps
             return None
-        store.load(args.run_id)  # an unknown run is not_found
-        return list(cast("Callable[[str], Iterable[Any]]", reader)(args.run_id))
+        reader = cast("Callable[[str], Iterable[Any]]", store.events)  # type: ignore[attr-defined]
+        return list(reader(args.run_id))
     finally:
         store.close()
 
@@ -73,8 +73,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
         stored = _stored_events(args)
         if stored is None:
             print(
-                "steerable: this store keeps no events; record them with Runtime.subscribe "
-                "and pass --events FILE (docs/observability.md)",
+                f"steerable: the store holds no events of run {args.run_id}; record them with "
+                "Runtime.subscribe and pass --events FILE (docs/observability.md)",
                 file=sys.stderr,
             )
             return 2
