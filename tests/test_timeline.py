@@ -10,9 +10,11 @@ missing browser fails the test.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -280,5 +282,7 @@ def test_steerable_trace_without_recorded_events_says_how_to_get_them(
 ) -> None:
     with Runtime(store=SqliteStore(tmp_path / "runs.db")) as rt:  # `trace` creates no database
         run_id = rt.start("t", agent=ScriptedAgent()).result(10.0).run_id
+    with contextlib.closing(sqlite3.connect(tmp_path / "runs.db")) as conn, conn:
+        conn.execute("DELETE FROM events")  # a run stored before its events were
     assert main(["trace", run_id, "--db", str(tmp_path / "runs.db")]) == 2
     assert "--events FILE" in capsys.readouterr().err
