@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -132,6 +133,15 @@ class Follower:
         assert err == ""
         return [json.loads(line) for line in out.splitlines()]
 
+    def __enter__(self) -> Follower:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:  # a failed test: its run may never end
+            self.proc.kill()
+            self.proc.communicate(timeout=WAIT)
+        self.proc.wait(WAIT)
+
 
 def _stored_state(db: Path, run_id: str) -> RunState:
     store = SqliteStore(db, create=False)
@@ -163,9 +173,10 @@ def _check_stream(events: list[dict[str, Any]], run_id: str, state: str) -> None
 
 def test_send_steers_a_run_another_process_owns_and_follow_sees_it(tmp_path: Path) -> None:
     db = tmp_path / "runs.db"
-    with host(db, "start", "chat") as h:
+    with contextlib.ExitStack() as stack:
+        h = stack.enter_context(host(db, "start", "chat"))
         run_id = h.expect("run")[1]
-        follower = Follower(db, run_id)
+        follower = stack.enter_context(Follower(db, run_id))
         first = cli(db, "send", run_id, "hello")
         assert first.returncode == 0, first.stderr
         assert first.stdout == f"message #0 sent to {run_id}\n"
@@ -181,9 +192,10 @@ def test_send_steers_a_run_another_process_owns_and_follow_sees_it(tmp_path: Pat
 
 def test_an_interrupting_send_cancels_the_call_in_flight(tmp_path: Path) -> None:
     db = tmp_path / "runs.db"
-    with host(db, "start", "worker") as h:
+    with contextlib.ExitStack() as stack:
+        h = stack.enter_context(host(db, "start", "worker"))
         run_id = h.expect("run")[1]
-        follower = Follower(db, run_id)
+        follower = stack.enter_context(Follower(db, run_id))
         sent = cli(db, "send", run_id, "stop", "--mode", "interrupt")
         assert sent.returncode == 0, sent.stderr
         assert h.ended() == ("finished", {"said": ["stop"], "block": "cancelled"})
@@ -196,9 +208,10 @@ def test_an_interrupting_send_cancels_the_call_in_flight(tmp_path: Path) -> None
 
 def test_cancel_ends_a_run_another_process_owns(tmp_path: Path) -> None:
     db = tmp_path / "runs.db"
-    with host(db, "start", "chat") as h:
+    with contextlib.ExitStack() as stack:
+        h = stack.enter_context(host(db, "start", "chat"))
         run_id = h.expect("run")[1]
-        follower = Follower(db, run_id)
+        follower = stack.enter_context(Follower(db, run_id))
         done = cli(db, "cancel", run_id, "--reason", "no longer needed")
         assert done.returncode == 0, done.stderr
         state, _ = h.ended()
@@ -206,6 +219,22 @@ def test_cancel_ends_a_run_another_process_owns(tmp_path: Path) -> None:
         events = follower.events()
     _check_stream(events, run_id, "cancelled")
     assert _stored_state(db, run_id) is RunState.CANCELLED
+
+
+def test_ctrl_c_stops_following_with_exit_130_and_no_traceback(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    with contextlib.ExitStack() as stack:
+        h = stack.enter_context(host(db, "start", "chat"))
+        run_id = h.expect("run")[1]
+        follower = stack.enter_context(Follower(db, run_id))
+        assert follower.proc.stdout is not None
+        first = json.loads(follower.proc.stdout.readline())  # it is following now
+        assert first["run_id"] == run_id
+        follower.proc.send_signal(signal.SIGINT)
+        _, err = follower.proc.communicate(timeout=WAIT)
+        assert follower.proc.returncode == 130
+        assert err == "interrupted\n"
+        assert _stored_state(db, run_id) is RunState.WAITING  # following changed nothing
 
 
 def _pending(db: Path, run_id: str) -> list[dict[str, Any]]:
@@ -219,9 +248,10 @@ def _pending(db: Path, run_id: str) -> list[dict[str, Any]]:
 
 def test_approve_lets_a_gated_call_of_another_process_run(tmp_path: Path) -> None:
     db = tmp_path / "runs.db"
-    with host(db, "start", "gate") as h:
+    with contextlib.ExitStack() as stack:
+        h = stack.enter_context(host(db, "start", "gate"))
         run_id = h.expect("run")[1]
-        follower = Follower(db, run_id)
+        follower = stack.enter_context(Follower(db, run_id))
         shown = cli(db, "show", run_id, "--json")
         assert shown.returncode == 0, shown.stderr
         owner = json.loads(shown.stdout)["owner"]
