@@ -41,7 +41,7 @@ from .base import (
 )
 from .children import cancelled_child, child_job, child_result, reserve
 from .effects import CallJob, TimerKind
-from .parts import Meter
+from .parts import EXECUTE, Meter
 from .plan import PlanState
 from .planning import child_run_id, plan_calls, recorded_plan
 from .stage import Stage
@@ -410,7 +410,7 @@ class Execution:
         for call in plan.calls:
             if call.result is not None:
                 m.add_entry(call.result)
-        self._meter.add_phase(Phase.EXECUTE, now - self._exec_started)
+        self._meter.add_phase(EXECUTE, now - self._exec_started)
         self._fx.emit(
             EventKind.EXECUTE_FINISHED,
             Phase.EXECUTE,

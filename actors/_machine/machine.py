@@ -145,7 +145,7 @@ class RunMachine:
 
         self.state = RunState.IDLE
         self.waiting_for: WaitingFor | None = None
-        self._stage = Stage.IDLE  # written by `enter` only, checked against STAGE_TRANSITIONS
+        self.stage = Stage.IDLE  # written by `enter` only, checked against STAGE_TRANSITIONS
         self.transcript: list[TranscriptEntry] = []
         self.errors: list[AgentError] = []
         self.output: Any = None
@@ -316,7 +316,7 @@ class RunMachine:
         elif kind is TimerKind.MODEL_TIMEOUT:
             self._reasoning.timed_out(attempt, now)
         elif kind is TimerKind.MODEL_RETRY:
-            if self._stage is Stage.IDLE and self.state is RunState.RUNNING:
+            if self.stage is Stage.IDLE and self.state is RunState.RUNNING:
                 # No model call in flight: a safe boundary (messages, budgets, checkpoint).
                 self.boundary(now)
         elif kind is TimerKind.RUN_DEADLINE:
@@ -331,7 +331,7 @@ class RunMachine:
         stops on the signal reports after it; the stored `CancelRequest` follows with its seq.
         """
         self._meter.at(now)
-        if self._stage is not Stage.DONE:
+        if self.stage is not Stage.DONE:
             self._stopping.cancel(reason, now)
 
     def abort(self, error: AgentError) -> None:
@@ -348,13 +348,13 @@ class RunMachine:
     def _on_user(self, msg: UserMessage, now: float) -> None:
         self._inbox.hold(msg)
         self.fx.emit(EventKind.MESSAGE_ACCEPTED, None, {"seq": msg.seq, "mode": msg.mode.value})
-        if self._stage is Stage.WAITING_USER:
+        if self.stage is Stage.WAITING_USER:
             self.enter(Stage.IDLE)
             self.stop_waiting()
             self.boundary(now)
         elif (
             msg.mode is SteeringMode.INTERRUPT
-            and self._stage is not Stage.CANCELLING
+            and self.stage is not Stage.CANCELLING
             and not self._reasoning.interrupt(now)  # no model call to interrupt: the plan
         ):
             self._exec.interrupt(now)
@@ -422,11 +422,6 @@ class RunMachine:
     # `Execution` and `Stopping` act on the run as a whole through these (and nothing else).
 
     @property
-    def stage(self) -> Stage:
-        """Where the loop stands."""
-        return self._stage
-
-    @property
     def cancel_reason(self) -> str | None:
         """Why the run is being cancelled (None: it is not)."""
         return self._stopping.reason
@@ -438,8 +433,8 @@ class RunMachine:
 
     def enter(self, stage: Stage) -> None:
         """The one writer of the stage: every move is checked against STAGE_TRANSITIONS."""
-        check_stage(self._stage, stage)
-        self._stage = stage
+        check_stage(self.stage, stage)
+        self.stage = stage
 
     def set_state(self, state: RunState, **data: Any) -> None:
         """Move the run's state (checked against `TRANSITIONS`), with a `state_changed`."""

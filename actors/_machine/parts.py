@@ -14,12 +14,14 @@ from typing import Any
 
 from steerable.protocol import HostMessage, Phase, RunMetrics, Usage, UserMessage
 
-__all__ = ["COUNTERS", "Inbox", "Meter"]
+__all__ = ["COUNTERS", "EXECUTE", "REASON", "Inbox", "Meter"]
 
 COUNTERS = ("retries", "tool_errors", "messages_delivered", "checkpoints", "late_results_dropped")
 """The `RunMetrics` counters the meter keeps besides steps, model calls and tokens."""
 
 _NO_USAGE = Usage()
+REASON = Phase.REASON.value
+EXECUTE = Phase.EXECUTE.value
 
 
 class Inbox:
@@ -143,10 +145,10 @@ class Meter:
         """One more of `counter` (one of `COUNTERS`)."""
         self._counters[counter] += 1
 
-    def add_phase(self, phase: Phase, seconds: float) -> None:
-        """Time spent in `phase`."""
-        key = phase.value
-        self._phases[key] = self._phases.get(key, 0.0) + seconds
+    def add_phase(self, phase: str, seconds: float) -> None:
+        """Time spent in `phase` (a `Phase` value: `REASON`, `EXECUTE`)."""
+        phases = self._phases
+        phases[phase] = phases.get(phase, 0.0) + seconds
 
     def next_model_call(self) -> int:
         """A model call starts; returns its number (from 1)."""

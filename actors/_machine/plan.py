@@ -57,16 +57,28 @@ class PlanState:
 
     def install(self, calls: list[Call]) -> None:
         """Make `calls` the current plan (their statuses as built or restored)."""
+        running = done = 0
+        index: dict[str, Call] = {}
+        for call in calls:
+            index[call.call_id] = call
+            status = call.status
+            if status is _RUNNING:
+                running += 1
+            elif status is _DONE:
+                done += 1
         self.calls = calls
-        self._index = {call.call_id: call for call in calls}
-        self.running = sum(1 for c in calls if c.status is _RUNNING)
-        self._done = sum(1 for c in calls if c.status is _DONE)
+        self._index = index
+        self.running = running
+        self._done = done
         self._cursor = 0
         self.interrupting = False
 
     def clear(self) -> None:
         """The plan is complete (or was never accepted): no current plan."""
-        self.install([])
+        self.calls = []
+        self._index = {}
+        self.running = self._done = self._cursor = 0
+        self.interrupting = False
 
     def interrupt(self) -> None:
         """An interrupting message stops this plan: nothing more is dispatched."""

@@ -130,15 +130,21 @@ def recorded_plan(plan: Plan, planned: Planned) -> Plan:
     ]
     if all(unchanged):
         return plan
+    # Built anew rather than `model_copy`'d: a validated construction of these small records
+    # costs less than pydantic's copy, and this runs once per decision.
     new_steps = tuple(
         step
         if same
         else step.model_copy(update={"id": call.call_id})
-        if r is None or not isinstance(step, ToolCall)
-        else step.model_copy(update={"arguments": r, "id": call.call_id})  # r is frozen
+        if not isinstance(step, ToolCall)
+        else ToolCall(
+            name=step.name,
+            arguments=step.arguments if r is None else r,  # r is frozen
+            id=call.call_id,
+        )
         for step, call, r, same in zip(steps, calls, recorded, unchanged, strict=True)
     )
-    return plan.model_copy(update={"steps": new_steps})
+    return Plan(steps=new_steps, usage=plan.usage, thought=plan.thought)
 
 
 def _failed(

@@ -25,7 +25,7 @@ from steerable.protocol._view import Budgets, RunView, Transcript
 
 from .base import MODEL_KEY, jitter_unit
 from .effects import TimerKind
-from .parts import Meter
+from .parts import REASON, Meter
 from .stage import Stage
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class Reasoning:
             return False
         self.busy = False
         m.fx.unschedule(TimerKind.MODEL_TIMEOUT, MODEL_KEY)
-        meter.add_phase(Phase.REASON, elapsed)
+        meter.add_phase(REASON, elapsed)
         if decision is not None:
             meter.add_usage(decision.usage)
         if m.stage is Stage.CANCELLING:
@@ -186,7 +186,7 @@ class Reasoning:
         self.busy = False
         m.fx.cancel_work(MODEL_KEY, "timeout")
         m.fx.abandon_work(MODEL_KEY)
-        self._meter.add_phase(Phase.REASON, now - self.started)
+        self._meter.add_phase(REASON, now - self.started)
         if m.stage is Stage.CANCELLING:
             self.discarded = False
             m.maybe_finish_cancel(now)  # a cancel is final: no retry, no new model call
