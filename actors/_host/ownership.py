@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
@@ -89,8 +89,15 @@ class RunOwnership:
         host.leases = self.leases
         host.on_lease_lost = self.lease_lost
         self.remote = RemoteOps(directory, directory.cancel_now, wall)
+        # The store's own wake thread if it has one (PostgreSQL: LISTEN/NOTIFY), else one that
+        # watches its change counter (SQLite: PRAGMA data_version).
+        watch = getattr(store, "watch", None)
         change_counter = getattr(store, "change_counter", None)
-        self._watcher = WakeWatcher(store, self.remote.pickup) if callable(change_counter) else None
+        self._watcher: Any = None
+        if callable(watch):
+            self._watcher = watch(self.remote.pickup)
+        elif callable(change_counter):
+            self._watcher = WakeWatcher(store, self.remote.pickup)
         self.closed = False
 
     # ------------------------------------------------------------------ leases
