@@ -165,8 +165,9 @@ def test_async_iteration_honours_the_stream_timeout_without_ending_it() -> None:
                 try:
                     await stream.__anext__()
                 except TimeoutError:
-                    break  # the run is quiet: waiting for the user
-            assert handle.state is RunState.WAITING
+                    # Quiet for 10 ms; under load a running run can be too, so look too.
+                    if handle.state is RunState.WAITING:
+                        break  # waiting for the user
             await handle.asend("hello")
             ended = await _until(stream, EventKind.RUN_ENDED)
             assert ended.data["state"] == "finished"

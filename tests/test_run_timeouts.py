@@ -307,3 +307,34 @@ def test_run_deadline_cuts_a_hung_call_on_a_manual_clock() -> None:
     assert outcome.error.code is ErrorCode.TIMEOUT
     assert outcome.error.details["scope"] == "run"
     assert ctx.cancelled
+
+
+def test_a_run_keeps_one_alarm_and_its_timers_fire_after_an_early_ring() -> None:
+    # Timers live in the run; the runtime's timer heap holds one alarm per run, at the
+    # earliest deadline. A timer cancelled before it is due leaves the alarm where it was:
+    # it rings early, finds nothing due, and is set again for what remains.
+    clock = ManualClock(start=0.0)
+    gate = Gate()
+
+    @tool(timeout=1.0)
+    def quick() -> str:
+        """Return at once (its timeout is cancelled when it does)."""
+        return "ok"
+
+    agent = ScriptedAgent([plan(call("quick")), plan(call("g"))])
+    with Runtime(tools=[quick, gate.tool("g")], clock=clock) as rt:
+        handle = rt.start("t", agent=agent, config=RunConfig(total_timeout=5.0))
+        (ctx,) = gate.wait_started(1)
+        # The run deadline, the model timeouts, both tool timeouts: one alarm (at 1.0).
+        assert rt.statistics()["timers_pending"] == 1
+        clock.advance(1.0)  # the alarm rings for the cancelled timeout of `quick`
+        assert rt.services.timer.wait_idle()
+        assert handle.state is RunState.RUNNING
+        assert not ctx.cancelled
+        clock.advance(4.0)  # the run deadline, from the alarm set again
+        outcome = handle.result(timeout=WAIT)
+    assert outcome.state is RunState.ERROR
+    assert outcome.error is not None
+    assert outcome.error.code is ErrorCode.TIMEOUT
+    assert outcome.error.details["scope"] == "run"
+    assert ctx.cancelled

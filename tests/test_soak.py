@@ -431,3 +431,31 @@ def test_memory_store_retention_is_per_run_history() -> None:
     FIGURES["memory_store"] = {"runs": runs, "retained_kb_per_finished_run": round(per_run, 1)}
     # a finished 1-2 step run's history (4 revisions, 3-4 transcript entries) is a few kB
     assert per_run < 32, f"{per_run:.1f} kB kept per finished run"
+
+
+def test_a_finished_run_is_freed_by_reference_counting() -> None:
+    # Nothing of a finished run's host side may wait for the cyclic collector: a run left in
+    # a reference cycle (its machine pointing back at its supervisor) keeps its cell and event
+    # history until a full collection, which then walks every such run (1,000 concurrent
+    # runs: most of W5's collection time).
+    runs = 20
+    with Runtime(tools=[echo], config=RunConfig(max_steps=4)) as rt:
+        sequential(rt, 0, 5)
+        assert_runtime_empty(rt)
+        gc.collect()
+        gc.disable()
+        try:
+            sequential(rt, 5, 5 + runs)
+            assert_runtime_empty(rt)
+            left: dict[str, int] = {}
+            for obj in gc.get_objects():  # no collection: what reference counting left
+                name = type(obj).__name__
+                # The machine and its parts refer to one another (a cycle of the machine's
+                # own, freed by the collector); none of them leads back to the host's objects.
+                if name in RUN_TYPES - {"RunMachine"} and type(obj).__module__.startswith(
+                    "steerable."
+                ):
+                    left[name] = left.get(name, 0) + 1
+        finally:
+            gc.enable()
+    assert left == {}, f"left for the collector after {runs} runs: {left}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterator
 
@@ -253,5 +254,24 @@ def test_system_clock_fires_at_or_after_the_deadline() -> None:
         assert done.wait(GUARD)
         assert [d for d, _ in results] == sorted(d for d, _ in results)
         assert all(fired_at >= deadline for deadline, fired_at in results)
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize("far", [1e12, math.inf])
+def test_a_far_deadline_does_not_stop_the_thread(far: float) -> None:
+    # A wait longer than the platform allows raised OverflowError in the timer thread, which
+    # then died: every later timer of the runtime (timeouts, retries, grace) never fired.
+    clock = SystemClock()
+    service = TimerService(clock)
+    service.start()
+    try:
+        service.schedule_at(clock.now() + far, lambda: None)
+        fired = threading.Event()
+        # Scheduled after the thread went to sleep toward the far deadline: it must wake.
+        assert service.wait_idle(GUARD)
+        service.schedule(0.0, fired.set)
+        assert fired.wait(GUARD)
+        assert service.statistics()["timers_pending"] == 1
     finally:
         service.stop()

@@ -27,6 +27,10 @@ _PENDING = 0
 _FIRED = 1
 _CANCELLED = 2
 
+# The longest single wait: a deadline further out (a huge timeout, `inf`) is waited for in
+# steps, since a wait past the platform's limit raises OverflowError and would end the thread.
+_MAX_WAIT = 3600.0
+
 
 class TimerHandle:
     """A scheduled callback; `cancel()` it when the awaited thing happened first.
@@ -255,7 +259,7 @@ class TimerService:
                 deadline, _, handle = self._heap[0]
                 if deadline > now:
                     self._sleeping_until = deadline
-                    self._cond.wait(deadline - now)
+                    self._cond.wait(min(deadline - now, _MAX_WAIT))
                     self._sleeping_until = math.inf
                     continue
                 heapq.heappop(self._heap)

@@ -1,10 +1,15 @@
 """A run's event stream: appended by its supervisor, read by any number of host iterators.
 
 The supervisor appends raw tuples (cheap: no model is built on its thread); readers build
-`RunEvent`s on their own thread. Sync readers wait on a condition; async readers await a
-`concurrent.futures.Future` through `asyncio.wrap_future`, so no event loop is ever blocked
-(docs/pykka.md T10). History is kept up to a bound, so a reader that starts late still sees the
-run from its beginning unless the run is very long.
+`RunEvent`s on their own thread. The history keeps each event as a head of strings and numbers
+(the kind's and phase's values, not the enum members) beside its `data` dict: the collector
+stops tracking such a head, and a flat dict, after their first collection, so a long history
+costs full collections nothing (a tuple holding a dict or an enum would stay tracked).
+
+Sync readers wait on a condition; async readers await a `concurrent.futures.Future` through
+`asyncio.wrap_future`, so no event loop is ever blocked (docs/pykka.md T10). History is kept up
+to a bound, so a reader that starts late still sees the run from its beginning unless the run
+is very long.
 """
 
 from __future__ import annotations
@@ -16,12 +21,16 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from steerable.actors._observe.feed import Feed
+from steerable.actors._observe.feed import KINDS, PHASES, Feed
 from steerable.protocol import EventKind, Phase, RunEvent
 
 __all__ = ["SSE_KEEPALIVE", "EventLog", "EventStream", "sse_frame"]
 
-_Raw = tuple[int, EventKind, Phase | None, float, dict[str, Any], str, str | None]
+# (seq, kind value, phase value, at, data, run_id, parent_run_id): what readers and the feed get
+_Raw = tuple[int, str, str | None, float, dict[str, Any], str, str | None]
+# What the history keeps beside each data dict: (seq, kind value, phase value, at, run_id, parent)
+_Head = tuple[int, str, str | None, float, str, str | None]
+_RUN_ENDED = EventKind.RUN_ENDED.value
 
 
 class EventLog:
@@ -37,9 +46,10 @@ class EventLog:
     __slots__ = (
         "_closed",
         "_cond",
+        "_data",
         "_dropped",
-        "_events",
         "_feed",
+        "_heads",
         "_lock",
         "_next",
         "_observed",
@@ -59,11 +69,13 @@ class EventLog:
         self._feed = feed
         self._observed = observed
         # Writers take the bare lock and notify only when a reader sleeps: appending is on
-        # the supervisor's hot path (about ten events per loop iteration).
+        # the supervisor's hot path (about ten events per loop iteration). The condition is
+        # made by the first reader that sleeps (most runs have none; start() pays less).
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
+        self._cond: threading.Condition | None = None
         self._sleepers = 0
-        self._events: deque[_Raw] = deque(maxlen=max_history)
+        self._heads: deque[_Head] = deque(maxlen=max_history)
+        self._data: deque[dict[str, Any]] = deque(maxlen=max_history)
         self._next = 0
         self._dropped = 0
         self._closed = False
@@ -79,19 +91,23 @@ class EventLog:
         parent_run_id: str | None = None,
     ) -> int:
         """Append one event; returns its seq. Never blocks for long (one short lock)."""
+        value = kind._value_
+        raw_phase = None if phase is None else phase._value_
         with self._lock:
             seq = self._next
             self._next = seq + 1
-            events = self._events
-            if len(events) == events.maxlen:
+            heads = self._heads
+            if len(heads) == heads.maxlen:
                 self._dropped += 1
-            raw = (seq, kind, phase, at, data, run_id, parent_run_id)
-            events.append(raw)
+            heads.append((seq, value, raw_phase, at, run_id, parent_run_id))
+            self._data.append(data)
             feed = self._feed
             if feed is not None and (feed.public or (self._observed and feed.active)):
                 # Under this log's lock: the feed sees a run tree's events in seq order.
+                raw = (seq, value, raw_phase, at, data, run_id, parent_run_id)
                 feed.push(self.trace_id, raw, self._observed)
             if self._sleepers:
+                assert self._cond is not None  # made by the sleeping reader
                 self._cond.notify_all()
             waiters = self._waiters
             if not waiters:
@@ -104,10 +120,11 @@ class EventLog:
 
     def close(self) -> None:
         """No more events will come (the run, or the whole tree, is terminal)."""
-        with self._cond:
+        with self._lock:
             self._closed = True
             waiters, self._waiters = self._waiters, []
-            self._cond.notify_all()
+            if self._cond is not None:
+                self._cond.notify_all()
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
@@ -129,16 +146,21 @@ class EventLog:
         self, start: int
     ) -> tuple[list[_Raw], bool, concurrent.futures.Future[None] | None, bool]:
         """Events from seq `start`, whether closed, and a future to await when none are new."""
-        with self._cond:
+        with self._lock:
             return self._take(start, want_future=True)
 
     def _take(
         self, start: int, *, want_future: bool
     ) -> tuple[list[_Raw], bool, concurrent.futures.Future[None] | None, bool]:
-        first = self._events[0][0] if self._events else self._next
+        heads = self._heads
+        first = heads[0][0] if heads else self._next
         skipped = start < first
         begin = max(start, first) - first
-        batch = [self._events[i] for i in range(begin, len(self._events))]
+        data = self._data
+        batch: list[_Raw] = []
+        for i in range(begin, len(heads)):
+            seq, kind, phase, at, run_id, parent = heads[i]
+            batch.append((seq, kind, phase, at, data[i], run_id, parent))
         fut: concurrent.futures.Future[None] | None = None
         if not batch and not self._closed and want_future:
             fut = concurrent.futures.Future()
@@ -147,14 +169,17 @@ class EventLog:
 
     def wait_read(self, start: int, timeout: float | None) -> tuple[list[_Raw], bool]:
         """Block until events from seq `start` exist or the log closes (or `timeout`)."""
-        with self._cond:
+        with self._lock:
             while True:
                 batch, closed, _, _ = self._take(start, want_future=False)
                 if batch or closed:
                     return batch, closed
+                cond = self._cond
+                if cond is None:
+                    cond = self._cond = threading.Condition(self._lock)
                 self._sleepers += 1
                 try:
-                    woke = self._cond.wait(timeout)
+                    woke = cond.wait(timeout)
                 finally:
                     self._sleepers -= 1
                 if not woke:
@@ -177,8 +202,8 @@ class EventLog:
             run_id=run_id,
             trace_id=self.trace_id,
             seq=seq,
-            kind=kind,
-            phase=phase,
+            kind=KINDS[kind],
+            phase=PHASES[phase],
             at=at,
             data=data,
             parent_run_id=parent,
@@ -235,7 +260,7 @@ class EventStream:
             return True
         if raw[5] != only:
             return False
-        if raw[1] is EventKind.RUN_ENDED:
+        if raw[1] == _RUN_ENDED:
             self._done = True
         return True
 

@@ -346,7 +346,7 @@ class RunFactory:
         """The run's machine; runs on the caller's thread, before `Begin` is told."""
         cell = entry.cell
         machine = RunMachine(
-            sup,
+            sup.effects,
             run_id=cell.run_id,
             trace_id=cell.trace_id,
             task=launch.task,

@@ -13,6 +13,8 @@ from steerable.actors._machine.effects import TimerKind
 from steerable.protocol import AgentError, ErrorCode, HostMessage, RunOutcome, SteerableError
 
 __all__ = [
+    "ALARM",
+    "Alarm",
     "Begin",
     "CancelNow",
     "ChildDone",
@@ -49,6 +51,15 @@ class TimerFired:
     kind: TimerKind
     key: str
     attempt: int
+
+
+@dataclass(slots=True)
+class Alarm:
+    """Message: the run's alarm rang; the timers due by now fire (one heap entry per run)."""
+
+
+ALARM = Alarm()
+"""The one `Alarm` message (it carries nothing)."""
 
 
 @dataclass(slots=True)

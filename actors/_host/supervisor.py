@@ -13,13 +13,15 @@ supervisor_ending.py (its bases).
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from steerable.actors._engine.base import SteerableActor
 from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import MuxActor
-from steerable.actors._machine.effects import CallJob, TimerKind
+from steerable.actors._engine.timer import TimerHandle
+from steerable.actors._machine.effects import CallJob, Effects, TimerKind
 from steerable.actors._machine.machine import MODEL_KEY, RunMachine
 from steerable.actors._tools.tool import Tool
 from steerable.protocol import (
@@ -37,6 +39,7 @@ from steerable.protocol import (
 from .jobs import Accept, Decided, HookDone, HookJob, ToolDone
 from .live import LiveEvent
 from .messages import (
+    Alarm,
     Begin,
     CancelNow,
     ChildDone,
@@ -97,7 +100,10 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         self._ended: tuple[Phase | None, dict[str, Any]] | None = None
         self._store_error: AgentError | None = None  # the store gave up a write of this run
         self._final_state: RunState | None = None  # what the host sees instead of the machine's
-        self._timers: dict[tuple[TimerKind, str], Any] = {}
+        self._timers: dict[tuple[TimerKind, str], tuple[float, int, int]] = {}
+        self._timer_seq = 0
+        self._alarm: TimerHandle | None = None
+        self._alarm_at = math.inf
         self._hooks_pending = 0
         self._wall = services.clock.wall()
         self._hook_jobs: list[HookJob] = []
@@ -106,7 +112,14 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         self._published = False  # the outcome is settled; hooks still pending run after it
         self._draining = False  # counted in services.hooks_draining until its hooks are done
 
+        # The machine reaches this supervisor only through `port`, which `stopping` empties.
+        self.port = _Port(self)
         self.machine = machine_factory(self)
+
+    @property
+    def effects(self) -> Effects:
+        """The effects port the run's machine acts through (emptied when this stops)."""
+        return cast(Effects, self.port)
 
     @property
     def _log(self) -> Any:
@@ -161,11 +174,18 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         )
 
     def _on_timer(self, message: TimerFired, now: float) -> None:
+        # From outside the run's own timers (a passivated run's deadline, told on its wake).
         self._timers.pop((message.kind, message.key), None)
-        if message.kind is TimerKind.GRACE and message.key == "hooks":
+        self._timer_fired(message.kind, message.key, message.attempt, now)
+
+    def _on_alarm(self, message: Alarm, now: float) -> None:
+        self._ring(now)
+
+    def _timer_fired(self, kind: TimerKind, key: str, attempt: int, now: float) -> None:
+        if kind is TimerKind.GRACE and key == "hooks":
             self._hooks_timed_out()
         else:
-            self.machine.timer(message.kind, message.key, message.attempt, now)
+            self.machine.timer(kind, key, attempt, now)
 
     def _on_host(self, message: HostMsg, now: float) -> None:
         self.machine.host(message.message, now)
@@ -183,9 +203,7 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         cell = self.cell
         self._log.warning("run_fenced_out", epoch=cell.epoch)
         self._held.clear()
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self._cancel_timers()
         children, self._children = list(self._children.values()), {}
         for child in children:  # fenced with their parent: they must not write either
             self.services.host.lease_lost(child)
@@ -259,14 +277,16 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
     def stopping(self) -> None:
         """On stop: cancel timers; in-flight work of a live run is abandoned."""
         self._held_decide = None
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self._cancel_timers()
         if self._draining:  # stopped by the runtime's shutdown before its hooks were done
             self._draining = False
             self.services.hooks_draining.leave()
         for key in list(self._work):
             self.abandon_work(key)
+        # The machine refers back to its supervisor (its effects port): without that cycle a
+        # finished run (supervisor, cell, event history) is freed by reference counting as
+        # soon as the host drops its handle, instead of lingering until a full collection.
+        self.port.detach()
 
     # ------------------------------------------------------------------ Parkable
 
@@ -287,10 +307,50 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         self.actor_ref.stop(block=False)
 
 
+def _ignore(*args: object, **kwargs: object) -> None:
+    return None
+
+
+_EFFECTS = (
+    "abandon_work",
+    "cancel_work",
+    "checkpoint",
+    "decide",
+    "dispatch",
+    "emit",
+    "journal",
+    "schedule",
+    "settled",
+    "start_child",
+    "unschedule",
+)
+
+
+class _Port:
+    """A machine's effects port: its supervisor's bound methods, emptied when it stops.
+
+    As cheap to call as the supervisor itself (one attribute, one bound method). The machine
+    and its parts keep the port, not the supervisor, so once `detach` ran nothing of the
+    machine leads back to the supervisor, its cell or its event history.
+    """
+
+    __slots__ = _EFFECTS
+
+    def __init__(self, supervisor: RunSupervisor) -> None:
+        for name in _EFFECTS:
+            setattr(self, name, getattr(supervisor, name))
+
+    def detach(self) -> None:
+        """Ignore every effect from now on (the supervisor stopped)."""
+        for name in _EFFECTS:
+            setattr(self, name, _ignore)
+
+
 _HANDLERS: dict[type, Callable[[RunSupervisor, Any, float], None]] = {
     ToolDone: RunSupervisor._on_tool_done,
     Decided: RunSupervisor._on_decided,
     TimerFired: RunSupervisor._on_timer,
+    Alarm: RunSupervisor._on_alarm,
     HostMsg: RunSupervisor._on_host,
     ChildDone: RunSupervisor._on_child_done,
     CancelNow: RunSupervisor._on_cancel_now,

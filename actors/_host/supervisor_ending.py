@@ -235,7 +235,9 @@ class SupervisorEnding(SupervisorWork):
                     ref.tell(Stored(revision))
         else:
             self._stored = revision  # an in-process store has it once the call returns
-            self.cell.stored.set()
+            stored = self.cell.stored
+            if not stored.is_set():  # set once: Event.set takes a lock and notifies
+                stored.set()
         cell = self.cell
         cell.revision = revision
         store.write_checkpoint(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import pykka
 
 from steerable.actors._engine.cancel import CancelScope
 from steerable.actors._engine.mux import tell_now
+from steerable.actors._engine.timer import TimerHandle
 from steerable.actors._machine.effects import CallJob, ChildJob, TimerKind
 from steerable.actors._machine.machine import MODEL_KEY, RunMachine
 from steerable.actors._tools.tool import Tool, ToolContext
@@ -25,7 +27,7 @@ from steerable.protocol import AgentError, ErrorCode, EventKind, RunView, SideEf
 
 from .jobs import Accept, DecideJob, ToolDone, ToolJob
 from .live import LiveEvent, ModelCallContext
-from .messages import TimerFired
+from .messages import ALARM
 
 if TYPE_CHECKING:
     from .cell import RunCell
@@ -59,7 +61,11 @@ class SupervisorWork:
     _held: list[tuple[int, CallJob]]
     _durable: bool
     _held_decide: tuple[int, tuple[int, RunView, float]] | None
-    _timers: dict[tuple[TimerKind, str], Any]
+    # The run's timers: (kind, key) -> (at, seq, attempt); the alarm rings at the earliest.
+    _timers: dict[tuple[TimerKind, str], tuple[float, int, int]]
+    _timer_seq: int
+    _alarm: TimerHandle | None
+    _alarm_at: float
 
     if TYPE_CHECKING:  # provided by pykka's Actor (no stub shadows it at run time)
 
@@ -82,7 +88,7 @@ class SupervisorWork:
 
     def _start_decide(self, model_call: int, view: RunView, deadline: float) -> None:
         scope = self.cell.scope.child(deadline)
-        view = dataclasses.replace(view, call=ModelCallContext(model_call, scope, self.actor_ref))
+        view = _with_call(view, ModelCallContext(model_call, scope, self.actor_ref))
         job = DecideJob(
             self.agent, view, self.accept, self.actor_ref, model_call, self.services.clock
         )
@@ -245,22 +251,86 @@ class SupervisorWork:
             self.services.pool.abandon(work.job)
         return False
 
+    # Timers: one alarm per run on the runtime's timer heap, never one entry per timer. Most of
+    # a run's timers (model and tool timeouts) are replaced or cancelled long before they are
+    # due, and each later than the one before: scheduling one is a dict write and cancelling
+    # a dict delete. The alarm moves only to an earlier deadline; when it rings, the timers
+    # due by then fire (deadline order, ties in schedule order) and it is set to the next.
+
     def schedule(self, kind: TimerKind, key: str, attempt: int, at: float) -> None:
-        """Fire `TimerFired(kind, key, attempt)` into this actor's inbox at `at`."""
-        old = self._timers.pop((kind, key), None)
-        if old is not None:
-            old.cancel()
-        ref = self.actor_ref
-        message = TimerFired(kind, key, attempt)
-
-        def fire() -> None:
-            with contextlib.suppress(pykka.ActorDeadError):  # the run ended first
-                ref.tell(message)
-
-        self._timers[(kind, key)] = self.services.timer.schedule_at(at, fire)
+        """Fire timer `(kind, key, attempt)` at `at` (replaces a pending one of kind+key)."""
+        seq = self._timer_seq
+        self._timer_seq = seq + 1
+        self._timers[(kind, key)] = (at, seq, attempt)
+        if at < self._alarm_at:
+            self._set_alarm(at)
 
     def unschedule(self, kind: TimerKind, key: str) -> None:
-        """Cancel a pending timer."""
-        handle = self._timers.pop((kind, key), None)
-        if handle is not None:
-            handle.cancel()
+        """Cancel a pending timer (the alarm stays: ringing early only sets it again)."""
+        self._timers.pop((kind, key), None)
+
+    def _set_alarm(self, at: float) -> None:
+        alarm = self._alarm
+        if alarm is not None:
+            alarm.cancel()
+        self._alarm_at = at
+        self._alarm = self.services.timer.schedule_at(at, _Ring(self.actor_ref))
+
+    def _cancel_timers(self) -> None:
+        """Drop every timer and the alarm (the run stops or is fenced out)."""
+        self._timers.clear()
+        alarm, self._alarm = self._alarm, None
+        self._alarm_at = math.inf
+        if alarm is not None:
+            alarm.cancel()
+
+    def _ring(self, now: float) -> None:
+        """The alarm rang (or a stale ring arrived): fire what is due, set the next alarm."""
+        alarm = self._alarm
+        if alarm is not None and not alarm.pending:  # this ring was the current alarm's
+            self._alarm = None
+            self._alarm_at = math.inf
+        timers = self._timers
+        due = sorted(
+            (at, seq, kind, key, attempt)
+            for (kind, key), (at, seq, attempt) in timers.items()
+            if at <= now
+        )
+        for _, seq, kind, key, attempt in due:
+            entry = timers.get((kind, key))
+            if entry is None or entry[1] != seq:
+                continue  # cancelled or replaced by a timer that fired before it
+            del timers[(kind, key)]
+            self._timer_fired(kind, key, attempt, now)
+        if timers:
+            earliest = min(entry[0] for entry in timers.values())
+            if earliest < self._alarm_at:
+                self._set_alarm(earliest)
+
+    def _timer_fired(self, kind: TimerKind, key: str, attempt: int, now: float) -> None:
+        raise NotImplementedError  # RunSupervisor
+
+
+_VIEW_FIELDS = tuple(f.name for f in dataclasses.fields(RunView) if f.name != "call")
+
+
+def _with_call(view: RunView, call: ModelCallContext) -> RunView:
+    """`dataclasses.replace(view, call=call)` at a third of its cost (once per model call)."""
+    new = object.__new__(RunView)
+    for name in _VIEW_FIELDS:
+        object.__setattr__(new, name, getattr(view, name))
+    object.__setattr__(new, "call", call)
+    return new
+
+
+class _Ring:
+    """The timer callback of a run's alarm: tells the run `ALARM` (slotted: no closure)."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, ref: pykka.ActorRef[Any]) -> None:
+        self._ref = ref
+
+    def __call__(self) -> None:
+        with contextlib.suppress(pykka.ActorDeadError):  # the run ended first
+            self._ref.tell(ALARM)

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from steerable.actors._engine.log import get_logger
-from steerable.protocol import RunEvent
+from steerable.protocol import EventKind, Phase, RunEvent
 
 __all__ = ["Feed", "FeedStream", "Subscriber"]
 
@@ -30,6 +30,12 @@ Subscriber = Callable[[RunEvent], object]
 _MAX_PENDING = 100_000  # events queued for the feed thread before new ones are dropped
 
 
+KINDS: dict[str, EventKind] = {kind.value: kind for kind in EventKind}
+"""Event kinds by value: raw event records hold the value (see `EventLog.append`)."""
+PHASES: dict[str | None, Phase | None] = {None: None, **{phase.value: phase for phase in Phase}}
+"""Phases by value (and None), as raw event records hold them."""
+
+
 def _event(trace_id: str, raw: tuple[Any, ...]) -> RunEvent:
     seq, kind, phase, at, data, run_id, parent = raw
     # The record came from a run's own event log: already valid, so no validation pass.
@@ -37,8 +43,8 @@ def _event(trace_id: str, raw: tuple[Any, ...]) -> RunEvent:
         run_id=run_id,
         trace_id=trace_id,
         seq=seq,
-        kind=kind,
-        phase=phase,
+        kind=KINDS[kind],
+        phase=PHASES[phase],
         at=at,
         data=data,
         parent_run_id=parent,

@@ -1,0 +1,95 @@
+"""EventLog: records cheap for the collector, readers that sleep and wake, enums restored."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+from steerable.actors._host.events import EventLog
+from steerable.actors._observe.feed import Feed
+from steerable.protocol import EventKind, Phase, RunEvent
+
+GUARD = 10.0  # seconds: fail instead of hanging, never a synchronisation
+
+
+def test_flat_records_leave_the_collectors_lists_after_one_collection() -> None:
+    # A long run keeps thousands of records: each one the collector still tracks is walked by
+    # every full collection (W1 flatness, W5); flat ones are untracked after their first.
+    log = EventLog("t" * 32)
+    log.append("run_a", EventKind.CHECKPOINT, None, 1.0, {"revision": 1})
+    log.append("run_a", EventKind.TOOL_FINISHED, Phase.EXECUTE, 2.0, {"call_id": "c1.0"})
+    log.append("run_a", EventKind.CUSTOM, Phase.EXECUTE, 3.0, {"nested": [1, 2]})
+    gc.collect()
+    assert not any(gc.is_tracked(head) for head in log._heads)
+    flat, flat_too, nested = log._data
+    assert not gc.is_tracked(flat)
+    assert not gc.is_tracked(flat_too)
+    assert gc.is_tracked(nested)  # holds a list: the collector must still see it
+
+
+def test_readers_get_the_enums_back() -> None:
+    log = EventLog("t" * 32)
+    log.append("run_a", EventKind.REASONING_STARTED, Phase.REASON, 1.0, {})
+    log.append("run_a", EventKind.RUN_ENDED, None, 2.0, {"state": "finished"}, "run_p")
+    log.close()
+    events = list(log.stream())
+    assert [(e.kind, e.phase) for e in events] == [
+        (EventKind.REASONING_STARTED, Phase.REASON),
+        (EventKind.RUN_ENDED, None),
+    ]
+    assert all(type(e.kind) is EventKind for e in events)
+    assert events[1].parent_run_id == "run_p"
+    assert events[1].seq == 1
+
+
+def test_a_filtered_stream_ends_at_its_runs_run_ended() -> None:
+    log = EventLog("t" * 32)
+    log.append("run_c", EventKind.REASONING_STARTED, Phase.REASON, 1.0, {}, "run_p")
+    log.append("run_c", EventKind.RUN_ENDED, None, 2.0, {}, "run_p")
+    log.append("run_p", EventKind.REASONING_STARTED, Phase.REASON, 3.0, {})
+    # Not closed: the child's stream must end at its own run_ended, not wait for more.
+    kinds = [e.kind for e in log.stream(only="run_c", timeout=GUARD)]
+    assert kinds == [EventKind.REASONING_STARTED, EventKind.RUN_ENDED]
+
+
+def test_a_sleeping_reader_wakes_on_append_and_on_close() -> None:
+    log = EventLog("t" * 32)
+    seen: list[EventKind] = []
+    sleeping = threading.Event()
+
+    def read() -> None:
+        for event in log.stream(timeout=GUARD):
+            seen.append(event.kind)
+            sleeping.set()
+
+    reader = threading.Thread(target=read, name="event-log-reader")
+    reader.start()
+    log.append("run_a", EventKind.STATE_CHANGED, None, 1.0, {})
+    assert sleeping.wait(GUARD)
+    log.append("run_a", EventKind.CHECKPOINT, None, 2.0, {"revision": 0})
+    log.close()
+    reader.join(GUARD)
+    assert not reader.is_alive()
+    assert seen == [EventKind.STATE_CHANGED, EventKind.CHECKPOINT]
+
+
+def test_the_feed_builds_events_with_the_enums() -> None:
+    feed = Feed(name="event-log-feed")
+    got: list[RunEvent] = []
+    done = threading.Event()
+
+    def subscriber(event: RunEvent) -> None:
+        got.append(event)
+        done.set()
+
+    unsubscribe = feed.subscribe(subscriber)
+    try:
+        log = EventLog("t" * 32, feed=feed)
+        log.append("run_a", EventKind.TOOL_STARTED, Phase.EXECUTE, 1.0, {"call_id": "c1.0"})
+        assert done.wait(GUARD)
+    finally:
+        unsubscribe()
+        feed.close()
+    (event,) = got
+    assert event.kind is EventKind.TOOL_STARTED
+    assert event.phase is Phase.EXECUTE
