@@ -5,16 +5,16 @@ for blocking user code, a pool of `hook_workers` hook threads, one lazily starte
 loop, and a store. Its `RunHost` keeps its own directory of runs; it stops only what it started
 (docs/pykka.md T9): it never calls `ActorRegistry.stop_all()`. Only `actors/__init__.py` and
 the CLI import this module (tests/test_layers.py).
+
+Its bases hold the rest: launching.py (entries, resuming under a lease), addressing.py
+(operations on a run by id), shutdown.py, observing.py (the feed and its bridges).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-
-import pykka
 
 from steerable.actors._engine.aloop import AsyncRunner
 from steerable.actors._engine.clock import Clock, SystemClock
@@ -23,44 +23,32 @@ from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import Dispatcher
 from steerable.actors._engine.pool import WorkerPool
 from steerable.actors._engine.timer import TimerService
-from steerable.actors._stores.replay import Replay, outcome_of, replay_of
-from steerable.actors._stores.store import (
-    CheckpointStore,
-    Lease,
-    MemoryStore,
-    RevisionInfo,
-    StoredRun,
-)
+from steerable.actors._stores.store import CheckpointStore, MemoryStore
 from steerable.actors._tools.tool import Tool
 from steerable.protocol import (
-    AgentError,
-    ApprovalRequest,
     Compatibility,
-    ErrorCode,
     ForkOrigin,
     HookName,
     RunConfig,
-    RunOutcome,
-    RunState,
-    SteerableError,
-    SteeringMode,
     new_run_id,
     new_trace_id,
 )
 from steerable.protocol.codec import check_storable
 
+from .addressing import RunAddressing
 from .cell import RunCell
-from .events import EventStream
 from .executors import Executors
-from .factory import Agent, Hook, RunEntry, agent_name, tool_table
+from .factory import Agent, Hook, agent_name, tool_table
 from .handle import RunHandle
 from .host import RunHost
 from .jobs import Accept
+from .launching import RunLaunching, _optional_text
 from .observing import Observability, ObservingFace
 from .offload import HostIO, async_form, in_thread
 from .ownership import DEFAULT_LEASE_TTL, RunOwnership
-from .runtrees import RunTree, build_tree, check_compatible
+from .runtrees import RunTree
 from .services import Services
+from .shutdown import RuntimeShutdown
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -71,7 +59,7 @@ __all__ = ["Agent", "RunTree", "Runtime", "Services", "agent_name"]
 _log = get_logger("steerable.runtime")
 
 
-class Runtime(ObservingFace):
+class Runtime(RunLaunching, RunAddressing, RuntimeShutdown, ObservingFace):
     """Runs agent runs. Use as a context manager, or call `shutdown()` when done.
 
     Args:
@@ -352,62 +340,6 @@ class Runtime(ObservingFace):
             cell, agent, accept, hooks, compatibility, tools, override=override
         )
 
-    def _cell_of(self, stored: StoredRun) -> RunCell:
-        snap = stored.snapshot
-        return RunCell(
-            snap.run_id,
-            snap.trace_id,
-            snap.parent_run_id,
-            self._observing.event_log(snap.trace_id),
-            next_seq=max([snap.last_seq, *(m.seq for m in stored.messages)]) + 1,
-        )
-
-    def _settled(self, stored: StoredRun) -> RunHandle:
-        cell = self._cell_of(stored)
-        cell.revision = stored.snapshot.revision
-        cell.stored.set()
-        cell.settle(outcome_of(stored.snapshot))
-        return RunHandle(self.directory, cell)
-
-    def _adopted(self, lease: Lease, agent: Agent, started: float) -> RunHandle:
-        """Resume a run the lease keeper claimed for adoption at monotonic `started`."""
-        cell = self._cell_of(self.store.load(lease.run_id))
-        self.leases.claimed(cell, lease, started)
-        return self._resume_claimed(cell, agent, None, None, None, None, override=False)
-
-    def _resume_claimed(
-        self,
-        cell: RunCell,
-        agent: Agent,
-        accept: Accept | None,
-        hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None,
-        compatibility: Compatibility | None,
-        tools: Iterable[Tool[Any, Any] | Callable[..., Any]] | None,
-        *,
-        override: bool,
-    ) -> RunHandle:
-        """Resume a run whose lease `cell` holds; the lease is released if it cannot run."""
-        run_id = cell.run_id
-        try:
-            self.ownership.absorb(run_id)
-            # Read again under the lease: the previous owner may have written until the claim.
-            stored = self.store.load(run_id)
-            snap = stored.snapshot
-            if snap.state.is_terminal:
-                self.leases.release(run_id)
-                return self._settled(stored)
-            cell.next_seq = max([snap.last_seq, *(m.seq for m in stored.messages)]) + 1
-            cell.revision = snap.revision
-            cell.stored.set()  # the store holds it already
-            entry = self._entry(cell, agent, snap.config, accept, hooks, compatibility, tools)
-            check_compatible(snap, entry, compatibility, override)
-            cell.state = snap.state
-            self.directory.launch(entry, self._factory.restoring(entry, stored))
-        except BaseException:
-            self.leases.release(run_id)
-            raise
-        return RunHandle(self.directory, cell)
-
     def fork(
         self,
         run_id: str,
@@ -446,115 +378,6 @@ class Runtime(ObservingFace):
         self.directory.launch(entry, self._factory.restoring(entry, stored, fork=origin))
         return RunHandle(self.directory, entry.cell)
 
-    # ------------------------------------------------------------------ run-addressed
-
-    def send(
-        self,
-        run_id: str,
-        content: str,
-        mode: SteeringMode | str | None = None,
-        message_id: str | None = None,
-        *,
-        timeout: float = 10.0,
-    ) -> int:
-        """Send a user message to a run wherever it lives; returns its inbox `seq`.
-
-        A run that lives here gets `handle.send`. For a run another process owns, the
-        message is stored, then this waits up to `timeout` for the owner to give it its seq;
-        a run nobody holds gets it in its inbox for its next owner. `message_id` makes a
-        retried send one message (for a run that does not live here: docs/durability.md).
-
-        Raises:
-            SteerableError: `not_found` (unknown run), `run_ended` (terminal run).
-            ValueError: as `RunHandle.send`.
-            TimeoutError: the owner did not take it within `timeout` (it stays stored).
-        """
-        return self.ownership.send(run_id, content, mode, message_id, timeout)
-
-    def cancel(self, run_id: str, reason: str = "cancelled", *, timeout: float = 10.0) -> bool:
-        """Cancel a run wherever it lives; False if it is terminal or already cancelling.
-
-        Raises:
-            SteerableError: `not_found` for an unknown run.
-        """
-        return self.ownership.cancel(run_id, reason, timeout)
-
-    def approve(self, run_id: str, call_id: str, *, timeout: float = 10.0) -> bool:
-        """Approve a pending call of a run wherever it lives; True if it settled one."""
-        return self.ownership.decide(run_id, call_id, True, "", timeout)
-
-    def deny(self, run_id: str, call_id: str, reason: str = "", *, timeout: float = 10.0) -> bool:
-        """Deny a pending call of a run wherever it lives; True if it settled one."""
-        return self.ownership.decide(run_id, call_id, False, reason, timeout)
-
-    def pending_approvals(self, run_id: str) -> list[ApprovalRequest]:
-        """The calls of a run (wherever it lives) waiting for a person's approval."""
-        return self.ownership.pending_approvals(run_id)
-
-    def state(self, run_id: str) -> RunState:
-        """A run's state: live here, else as last stored (`not_found` if unknown)."""
-        return self.ownership.state(run_id)
-
-    def outcome(self, run_id: str, timeout: float | None = None) -> RunOutcome:
-        """Wait for a run's outcome wherever it lives (following the store if elsewhere).
-
-        Raises:
-            TimeoutError: not terminal within `timeout`.
-            SteerableError: `not_found`; `run_owned` if this runtime lost it to another.
-        """
-        return self.ownership.outcome(run_id, timeout)
-
-    def events(self, run_id: str, start: int = 0, timeout: float | None = None) -> EventStream:
-        """The events of a run that lives here, from seq `start` (as `handle.events()`).
-
-        Raises:
-            SteerableError: `not_found` for a run that does not live in this runtime (events
-                are not stored yet: docs/durability.md).
-        """
-        return self.handle(run_id).events(start, timeout)
-
-    def replay(self, run_id: str, revision: int | None = None) -> Replay:
-        """A run's transcript and events up to `revision` (default: the latest), read-only.
-
-        Nothing is executed: no agent, tool or hook is called (R23).
-        """
-        return replay_of(self.store.load(run_id, revision))
-
-    def revisions(self, run_id: str) -> list[RevisionInfo]:
-        """Every stored revision of a run, oldest first."""
-        return self.store.revisions(run_id)
-
-    def unfinished(self) -> list[str]:
-        """Ids of stored runs that are not terminal and not live here (candidates to resume)."""
-        return [
-            r.run_id
-            for r in self.store.runs()
-            if not r.state.is_terminal and self.directory.get(r.run_id) is None
-        ]
-
-    def tree(self, run_id: str) -> RunTree:
-        """A run and its subagents, recursively, each with its current state.
-
-        Built from the store (every run checkpoints at its boundaries) and the live runs here.
-
-        Raises:
-            SteerableError: `not_found` if neither knows the run.
-        """
-        return build_tree(self.store, self.directory, run_id)
-
-    def handle(self, run_id: str) -> RunHandle:
-        """A handle on a live run (active or passivated).
-
-        Raises:
-            SteerableError: code `not_found` if no live run has this id.
-        """
-        entry = self.directory.get(run_id)
-        if entry is None:
-            raise SteerableError(
-                AgentError.of(ErrorCode.NOT_FOUND, f"no live run {run_id!r}", run_id=run_id)
-            )
-        return RunHandle(self.directory, entry.cell)
-
     def statistics(self) -> dict[str, int]:
         """Runtime-level metrics (R28): runs, threads, workers, timers, queue depths."""
         pool = self.services.pool.statistics()
@@ -581,103 +404,6 @@ class Runtime(ObservingFace):
             **self._observing.feed.statistics(),
         }
 
-    # ------------------------------------------------------------------ shutdown
-
-    def shutdown(self, timeout: float = 5.0, *, cancel_runs: bool | None = None) -> list[str]:
-        """Stop every run and every thread this runtime started.
-
-        Args:
-            timeout: Seconds to wait in all (live runs to end, workers to finish).
-            cancel_runs: True cancels live runs (they end CANCELLED). False parks them: they
-                stop where they stand, resumable from their last checkpoint by this or another
-                process (`rt.resume`), and their handles' `result()` raises `SteerableError`
-                (`run_ended`). Default: park when the store is durable (a routine deploy must
-                not cancel the runs waiting for a person), cancel with an in-memory store
-                (nothing could resume them).
-
-        Returns:
-            The names of threads still alive because their tool never returned (abandoned
-            workers, daemon threads); everything else is gone. A second call (from any thread)
-            waits until the first has finished and returns the same names.
-
-        Raises:
-            RuntimeError: Called from one of this runtime's own threads (inside a tool, a
-                hook, a sync `decide` or `accept`): it cannot wait for the thread it runs on.
-                Nothing is stopped; call it from the host's thread (or use `ashutdown`).
-            TypeError: `timeout` is not a number. Nothing is stopped.
-        """
-        if self._on_own_thread():
-            raise RuntimeError(
-                "Runtime.shutdown() called from one of the runtime's own threads (a tool, a "
-                "hook or a decide): it cannot wait for itself; nothing was stopped. Call it "
-                "from the host's thread (e.g. after result() returns)."
-            )
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-            raise TypeError(f"timeout must be seconds as a number, not {timeout!r}")
-        with self._lock:
-            first = not self._closed
-            self._closed = True
-        if not first:
-            self._shut_down.wait()
-            return list(self._left)
-        try:
-            self._left = self._shutdown(timeout, cancel_runs)
-        finally:
-            self._shut_down.set()
-        return list(self._left)
-
-    def _on_own_thread(self) -> bool:
-        thread = threading.current_thread()
-        services = self.services
-        return (
-            services.dispatcher.owns_thread(thread)
-            or services.timer.owns_thread(thread)
-            or services.pool.owns_thread(thread)
-            or services.hook_pool.owns_thread(thread)
-            or services.aloop.owns_thread(thread)
-            or self._observing.feed.owns_thread(thread)
-        )
-
-    def _shutdown(self, timeout: float, cancel_runs: bool | None) -> list[str]:
-        if cancel_runs is None:
-            cancel_runs = not self.store.durable
-        deadline = self.clock.now() + timeout
-        # Operations stored from now on wait for the next owner of their run.
-        self.ownership.stop_watching(timeout=max(0.1, deadline - self.clock.now()))
-        self.host_io.shutdown()
-        live = self.directory.entries()
-        if cancel_runs:
-            for entry in live:
-                RunHandle(self.directory, entry.cell).cancel("runtime shutdown")
-            for entry in live:
-                try:
-                    entry.cell.future.result(max(0.0, deadline - self.clock.now()))
-                except TimeoutError:
-                    _log.warning("run_not_settled_at_shutdown", run_id=entry.cell.run_id)
-        for entry in self.directory.close():
-            if not entry.cell.future.done():
-                entry.cell.future.set_exception(_shut_down())
-                entry.cell.events.close()
-            ref = entry.ref
-            if ref is not None:
-                with contextlib.suppress(pykka.ActorDeadError):
-                    ref.stop(block=False)
-        services = self.services
-        # Hooks still pending when a run ended run after its outcome: let them finish first.
-        services.hooks_draining.wait(deadline - self.clock.now())
-        services.dispatcher.stop(timeout=max(0.1, deadline - self.clock.now()))
-        self.ownership.stop(timeout=max(0.1, deadline - self.clock.now()))
-        services.timer.stop(timeout=max(0.1, deadline - self.clock.now()))
-        left = services.pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
-        left += services.hook_pool.shutdown(timeout=max(0.1, deadline - self.clock.now()))
-        left += services.aloop.shutdown(timeout=max(0.1, deadline - self.clock.now()))
-        left += services.executors.shutdown(timeout=max(0.1, deadline - self.clock.now()))
-        left += self._observing.close(self.clock.wall(), max(0.1, deadline - self.clock.now()))
-        self.store.close()
-        if left:
-            _log.warning("threads_abandoned_at_shutdown", threads=left)
-        return left
-
     def __enter__(self) -> Runtime:
         return self
 
@@ -703,51 +429,3 @@ class Runtime(ObservingFace):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.ashutdown()
-
-    # ------------------------------------------------------------------ internals
-
-    def _entry(
-        self,
-        cell: RunCell,
-        agent: Agent,
-        config: RunConfig,
-        accept: Accept | None,
-        hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None,
-        compatibility: Compatibility | None,
-        tools: Iterable[Tool[Any, Any] | Callable[..., Any]] | None,
-    ) -> RunEntry:
-        if self._closed:
-            raise _shut_down()
-        if tools:
-            # A run's own tools: their executors must exist (Ray: installed) before it starts.
-            self.services.executors.check([t for t in tools if isinstance(t, Tool)])
-        return self._factory.entry(
-            cell,
-            agent,
-            config,
-            tools=self._factory.run_tools(tools),
-            hooks=self._merge_hooks(hooks),
-            accept=accept,
-            compatibility=compatibility,
-        )
-
-    def _merge_hooks(
-        self, hooks: Mapping[HookName | str, Hook | Sequence[Hook]] | None
-    ) -> dict[HookName, list[Hook]]:
-        with self._lock:
-            merged = {name: list(cbs) for name, cbs in self._hooks.items() if cbs}
-        for name, cbs in (hooks or {}).items():
-            callbacks = [cbs] if callable(cbs) else list(cbs)
-            merged.setdefault(HookName(name), []).extend(callbacks)
-        return merged
-
-
-def _optional_text(value: object, what: str) -> None:
-    if value is not None:
-        if not isinstance(value, str):
-            raise TypeError(f"{what} must be a str or None, not {type(value).__name__}")
-        check_storable(value, what=what)
-
-
-def _shut_down() -> SteerableError:
-    return SteerableError(AgentError.of(ErrorCode.RUN_ENDED, "the runtime is shut down"))

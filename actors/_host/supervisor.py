@@ -4,32 +4,26 @@ It never blocks and never runs user code (docs/pykka.md T2): `decide`, tools and
 worker threads or the runtime's event loop and report back with `tell`; timers are messages
 from the runtime's timer thread. Supervisors own no thread: they are multiplexed on the
 runtime's dispatcher (docs/pykka.md, last section), which makes "never block" load-bearing.
+
+This module holds the inbox (one handler per message type) and the fencing reaction; the
+work in flight lives in supervisor_work.py, events, checkpoints, hooks and the ending in
+supervisor_ending.py (its bases).
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import inspect
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import pykka
-
 from steerable.actors._engine.base import SteerableActor
-from steerable.actors._engine.cancel import CancelScope
 from steerable.actors._engine.log import get_logger
-from steerable.actors._engine.mux import MuxActor, tell_now
-from steerable.actors._machine.effects import CallJob, ChildJob, TimerKind
+from steerable.actors._engine.mux import MuxActor
+from steerable.actors._machine.effects import CallJob, TimerKind
 from steerable.actors._machine.machine import MODEL_KEY, RunMachine
-from steerable.actors._machine.preview import preview
-from steerable.actors._tools.tool import Tool, ToolContext
+from steerable.actors._tools.tool import Tool
 from steerable.protocol import (
-    HOOK_EVENTS,
     AgentError,
-    ApprovalRequest,
     ErrorCode,
     EventKind,
     HookName,
@@ -38,14 +32,10 @@ from steerable.protocol import (
     RunOutcome,
     RunState,
     RunView,
-    SideEffect,
-    SubagentResult,
-    ToolResult,
-    TranscriptEntry,
 )
 
-from .jobs import Accept, Decided, DecideJob, HookDone, HookJob, ToolDone, ToolJob
-from .live import LiveEvent, ModelCallContext
+from .jobs import Accept, Decided, HookDone, HookJob, ToolDone
+from .live import LiveEvent
 from .messages import (
     Begin,
     CancelNow,
@@ -58,6 +48,8 @@ from .messages import (
     TimerFired,
     lease_lost_error,
 )
+from .supervisor_ending import SupervisorEnding
+from .supervisor_work import _Work
 
 if TYPE_CHECKING:
     from .cell import RunCell
@@ -68,16 +60,7 @@ __all__ = ["RunSupervisor"]
 _log = get_logger("steerable.supervisor")
 
 
-@dataclass(slots=True)
-class _Work:
-    job: DecideJob | ToolJob
-    scope: CancelScope
-    attempt: int
-    handle: Any = None  # AsyncHandle for async work, RemoteHandle for remote work
-    remote: bool = False  # runs on an executor (a worker process, a Ray task): killable
-
-
-class RunSupervisor(SteerableActor, MuxActor):
+class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
     """Owns one run: its machine, its in-flight work, its timers and its hooks.
 
     Created by the `Runtime`; hosts talk to it only through a `RunHandle`.
@@ -284,495 +267,6 @@ class RunSupervisor(SteerableActor, MuxActor):
             self.services.hooks_draining.leave()
         for key in list(self._work):
             self.abandon_work(key)
-
-    # ------------------------------------------------------------------ Effects port
-
-    def decide(self, model_call: int, view: RunView, deadline: float) -> None:
-        """Run the agent's decide on a worker (or the event loop for `async def decide`).
-
-        With a durable store, the model call after a safe boundary starts only once the
-        checkpoint before that boundary is stored: a run never gets more than one boundary
-        ahead of its store (a store that retries a write holds its runs back; one that gives
-        it up ends them in ERROR `store_unavailable`).
-        """
-        needed = self.cell.revision - 1
-        if self._durable and self._stored < needed:
-            self._held_decide = (needed, (model_call, view, deadline))
-            return
-        self._start_decide(model_call, view, deadline)
-
-    def _start_decide(self, model_call: int, view: RunView, deadline: float) -> None:
-        scope = self.cell.scope.child(deadline)
-        view = dataclasses.replace(view, call=ModelCallContext(model_call, scope, self.actor_ref))
-        job = DecideJob(
-            self.agent, view, self.accept, self.actor_ref, model_call, self.services.clock
-        )
-        work = _Work(job, scope, model_call)
-        self._work[MODEL_KEY] = work
-        if self._async_decide:
-            started = self.services.clock.now()
-            handle = work.handle = self.services.aloop.submit(
-                job.coroutine, lambda value, exc: job.report(started, value, exc)
-            )
-            # A cancel or an interrupt reaches the coroutine at once: its HTTP request is
-            # closed (the provider stops billing) instead of running on until abandoned.
-            scope.on_cancel(lambda _reason: handle.cancel())
-        elif not self.services.pool.submit(job):
-            job.report(self.services.clock.now(), None, RuntimeError("the runtime is shut down"))
-
-    def dispatch(self, job: CallJob) -> None:
-        """Run one tool call attempt on a worker, or on the event loop for `async def` tools.
-
-        Write-ahead (R4, R21): a call with side effects starts only once the checkpoint that
-        holds its idempotency key is stored, so a crash can never leave a write whose key no
-        checkpoint knows. Side-effect-free calls start at once.
-        """
-        tool = self.tools[job.tool]
-        if tool.spec.side_effect is not SideEffect.NONE and self._stored < self.cell.revision:
-            self._held.append((self.cell.revision, job))
-            return
-        self._start_call(tool, job)
-
-    def _on_stored(self, message: Stored, now: float) -> None:
-        self._stored = max(self._stored, message.revision)
-        held, self._held = self._held, []
-        for revision, job in held:
-            if revision <= self._stored:
-                self._start_call(self.tools[job.tool], job)
-            else:
-                self._held.append((revision, job))
-        if self._held_decide is not None and self._held_decide[0] <= self._stored:
-            args = self._held_decide[1]
-            self._held_decide = None
-            self._start_decide(*args)
-        if self._ended is not None and self._stored >= self.cell.revision:
-            phase, data = self._ended
-            self._ended = None
-            self._emit(EventKind.RUN_ENDED, phase, data)
-            self._finish()
-
-    def _on_store_failed(self, message: StoreFailed, now: float) -> None:
-        """The store gave up a write: the run cannot go on without losing what it does.
-
-        It ends in ERROR `store_unavailable` (at once: its work is abandoned), and writes
-        nothing more; the store keeps the run's last stored revision, which a later
-        `resume()` continues from. A terminal state whose checkpoint was not stored is
-        reported as that error, never as the state the store does not hold.
-        """
-        if self._store_error is not None:
-            return
-        cause = message.error
-        what = "a journal entry" if message.revision < 0 else f"revision {message.revision}"
-        error = AgentError.of(
-            cause.code,  # store_unavailable; internal_error for a write the codec refused
-            f"the store could not keep {what} of run {self.cell.run_id}: {cause.message}",
-            **{
-                **cause.details,
-                "run_id": self.cell.run_id,
-                "revision": message.revision,
-                "stored_revision": self._stored,
-            },
-        )
-        self._store_error = error
-        self._log.error("store_unavailable", revision=message.revision, error=cause.message)
-        machine = self.machine
-        if not machine.is_terminal:
-            machine.abort(error)
-            return
-        outcome = self._outcome
-        if self._ended is None or outcome is None:
-            return  # its terminal revision was stored: this was a late journal entry
-        self._ended = None
-        self._outcome = outcome.model_copy(
-            update={
-                "state": RunState.ERROR,
-                "output": None,
-                "errors": (*outcome.errors, error),
-                "revision": self._stored,
-            }
-        )
-        self._final_state = self.cell.state = RunState.ERROR
-        self._emit(EventKind.ERROR, None, {"code": error.code.value, "message": error.message})
-        self._emit(
-            EventKind.RUN_ENDED,
-            None,
-            {
-                "state": RunState.ERROR.value,
-                "error": error.code.value,
-                "message": preview(error.message),
-                "output": None,
-                "revision": self._stored,
-            },
-        )
-        self._finish()
-
-    def _release_held(self, key: str, error: AgentError | None) -> bool:
-        """Drop a call still waiting for its checkpoint; report `error` for it if given."""
-        for index, (_, job) in enumerate(self._held):
-            if job.call_id == key:
-                del self._held[index]
-                if error is not None:
-                    self.actor_ref.tell(ToolDone(job.call_id, job.attempt, None, error))
-                return True
-        return False
-
-    def _tool_emitter(self, call_id: str) -> Callable[[str, dict[str, Any], bool], None]:
-        """`ToolContext.emit` of one call: a `LiveEvent` told to this supervisor."""
-        ref = self.actor_ref
-
-        def emit(name: str, data: dict[str, Any], live: bool) -> None:
-            with contextlib.suppress(pykka.ActorDeadError):
-                tell_now(ref, LiveEvent(EventKind.CUSTOM, {**data, "live": live}, call_id=call_id))
-
-        return emit
-
-    def _start_call(self, tool: Tool[Any, Any], job: CallJob) -> None:
-        services = self.services
-        cell = self.cell
-        if time.monotonic() >= cell.lease_deadline:
-            # Past the lease's sure deadline (a frozen process, a starved renewer): no tool
-            # starts until a renewal says the run is still ours (docs/durability.md).
-            self._held.append((-1, job))
-            cell.lease_wait = True
-            services.host.poke_leases()
-            return
-        scope = self.cell.scope.child(job.deadline)
-        ctx = ToolContext(
-            run_id=self.cell.run_id,
-            trace_id=self.cell.trace_id,
-            call_id=job.call_id,
-            tool=job.tool,
-            idempotency_key=job.idempotency_key,
-            attempt=job.attempt,
-            deadline=job.deadline,
-            scope=scope,
-            now=services.clock.now,
-            emit=self._tool_emitter(job.call_id),
-        )
-        tool_job = ToolJob(tool, job.arguments, ctx, self.actor_ref)
-        work = _Work(tool_job, scope, job.attempt)
-        self._work[job.call_id] = work
-        if tool.executor is not None:
-            work.remote = True
-            work.handle = tool_job.submit_remote(services.executors.get(tool.executor))
-        elif tool.is_async:
-            work.handle = services.aloop.submit(tool_job.coroutine, tool_job.report)
-        elif services.pool.is_saturated_by_abandoned():
-            abandoned = services.pool.statistics()["workers_abandoned"]
-            self.actor_ref.tell(
-                ToolDone(
-                    job.call_id,
-                    job.attempt,
-                    None,
-                    AgentError.of(
-                        ErrorCode.RESOURCE_EXHAUSTED,
-                        f"too many abandoned tool threads ({abandoned}); refusing new calls",
-                        abandoned=abandoned,
-                        tool=job.tool,
-                        call_id=job.call_id,
-                    ),
-                )
-            )
-        elif not services.pool.submit(tool_job):
-            tool_job.report(None, RuntimeError("the runtime is shut down"))
-
-    def start_child(self, job: ChildJob) -> None:
-        """Start (or resume) the child run of a subagent call (R3: its own run id)."""
-        self._children[job.call_id] = job.run_id
-        self.services.host.start_child(self.cell, job)
-
-    def cancel_work(self, key: str, reason: str) -> None:
-        """Signal a call's (or the model call's) cancel scope; async work is cancelled too.
-
-        A child run is cancelled through its own inbox, so it records CANCELLED in order.
-        """
-        child = self._children.get(key)
-        if child is not None:
-            self.services.host.cancel_child(child, reason)
-            return
-        work = self._work.get(key)
-        if work is not None:
-            work.scope.cancel(reason)
-        elif key == MODEL_KEY and self._held_decide is not None:
-            # Started, then cancelled at once, as an unheld call would be: the agent still
-            # sees the messages its view delivers (each delivered message is seen once).
-            args = self._held_decide[1]
-            self._held_decide = None
-            self._start_decide(*args)
-            self._work[MODEL_KEY].scope.cancel(reason)
-        elif self._held:
-            self._release_held(
-                key,
-                AgentError.of(
-                    ErrorCode.CANCELLED,
-                    f"{key} was cancelled ({reason}) before it started",
-                    call_id=key,
-                    reason=reason,
-                ),
-            )
-
-    def abandon_work(self, key: str) -> bool:
-        """Stop waiting for work that did not stop; its worker is never reused (T3).
-
-        Remote work (a process-isolated tool, a Ray task) is killed instead: True then, as
-        nothing of the call runs on (docs/isolation.md). False: a thread was left running.
-        """
-        child = self._children.pop(key, None)
-        if child is not None:
-            self.services.host.cancel_child(child, "abandoned by its parent")
-            return False
-        work = self._work.pop(key, None)
-        if work is None:
-            if key == MODEL_KEY:
-                self._held_decide = None
-            self._release_held(key, None)
-            return False
-        if work.remote:
-            work.scope.detach()
-            # Killed before the scope is cancelled: the cooperative signal has had its chance.
-            return work.handle is None or bool(work.handle.kill())
-        work.scope.cancel("abandoned")
-        work.scope.detach()
-        if work.handle is not None:
-            work.handle.cancel()
-        else:
-            self.services.pool.abandon(work.job)
-        return False
-
-    def schedule(self, kind: TimerKind, key: str, attempt: int, at: float) -> None:
-        """Fire `TimerFired(kind, key, attempt)` into this actor's inbox at `at`."""
-        old = self._timers.pop((kind, key), None)
-        if old is not None:
-            old.cancel()
-        ref = self.actor_ref
-        message = TimerFired(kind, key, attempt)
-
-        def fire() -> None:
-            with contextlib.suppress(pykka.ActorDeadError):  # the run ended first
-                ref.tell(message)
-
-        self._timers[(kind, key)] = self.services.timer.schedule_at(at, fire)
-
-    def unschedule(self, kind: TimerKind, key: str) -> None:
-        """Cancel a pending timer."""
-        handle = self._timers.pop((kind, key), None)
-        if handle is not None:
-            handle.cancel()
-
-    def emit(self, kind: EventKind, phase: Phase | None, data: dict[str, Any]) -> None:
-        """Append to the event stream; fire the hooks of this moment on a hook worker.
-
-        `run_ended` waits for the terminal checkpoint to be stored: hosts and `on_finish`
-        hooks learn the state the store holds.
-        """
-        if (
-            kind is EventKind.RUN_ENDED
-            and self._durable
-            and self._store_error is None
-            and self._stored < self.cell.revision
-        ):
-            self._ended = (phase, data)
-            return
-        if kind is EventKind.RUN_ENDED and self._store_error is not None and "revision" in data:
-            data = {**data, "revision": self._stored}  # what the store holds, as the outcome
-        self._emit(kind, phase, data)
-
-    def _emit(self, kind: EventKind, phase: Phase | None, data: dict[str, Any]) -> None:
-        cell = self.cell
-        if kind is EventKind.APPROVAL_REQUESTED:
-            cell.approval_requested(
-                ApprovalRequest(
-                    call_id=data["call_id"],
-                    tool=data["tool"],
-                    arguments=data["arguments"],
-                    run_id=cell.run_id,
-                )
-            )
-        elif kind is EventKind.APPROVAL_SETTLED:
-            cell.approval_settled(data["call_id"])
-        at = self._wall
-        seq = cell.events.append(cell.run_id, kind, phase, at, data, cell.parent_run_id)
-        hook = HOOK_EVENTS.get(kind) if self.hooks else None
-        if hook is not None:
-            callbacks = self.hooks.get(hook)
-            if callbacks:
-                event = RunEvent(
-                    run_id=cell.run_id,
-                    trace_id=cell.trace_id,
-                    seq=seq,
-                    kind=kind,
-                    phase=phase,
-                    at=at,
-                    data=data,
-                    parent_run_id=cell.parent_run_id,
-                )
-                job = HookJob(callbacks, event, self.actor_ref)
-                # One hook job of this run at a time: its hooks stay in order while other
-                # runs' hooks use other hook workers (a hung hook costs only its own run).
-                self._hook_jobs.append(job)
-                self._hooks_pending += 1
-                if len(self._hook_jobs) == 1:
-                    self._submit_hook()
-
-    def journal(self, result: ToolResult | SubagentResult) -> None:
-        """Store a result as it arrives (the durable inbox of tool results).
-
-        Every store keeps it: a passivated run's finished calls live only here until the
-        plan completes.
-        """
-        if self._store_error is not None:
-            return
-        self.services.store.journal(self.cell.run_id, result, on_failed=self._failure_callback(-1))
-
-    def _failure_callback(self, revision: int) -> Callable[[AgentError], None]:
-        ref = self.actor_ref
-        cell = self.cell
-
-        def on_failed(error: AgentError) -> None:  # on the store's writer thread
-            cell.store_failed(error)
-            with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(StoreFailed(revision, error))
-
-        return on_failed
-
-    def checkpoint(
-        self,
-        revision: int,
-        snapshot: dict[str, Any],
-        entries_from: int,
-        entries: list[TranscriptEntry],
-    ) -> None:
-        """Write one revision (a durable store encodes and writes on its own thread).
-
-        Nothing is written once the store gave up a write of this run: a later revision
-        would be stored on top of a missing one.
-        """
-        if self._store_error is not None:
-            return
-        snapshot["updated_at"] = self._wall
-        store = self.services.store
-        on_stored = None
-        on_failed = None
-        if store.durable:
-            on_failed = self._failure_callback(revision)
-            ref = self.actor_ref
-            stored_event = self.cell.stored
-
-            def on_stored() -> None:
-                stored_event.set()
-                with contextlib.suppress(pykka.ActorDeadError):
-                    ref.tell(Stored(revision))
-        else:
-            self._stored = revision  # an in-process store has it once the call returns
-            self.cell.stored.set()
-        cell = self.cell
-        cell.revision = revision
-        store.write_checkpoint(
-            cell.run_id, revision, snapshot, entries_from, entries, on_stored, on_failed=on_failed
-        )
-        cell.events.append(
-            cell.run_id,
-            EventKind.CHECKPOINT,
-            None,
-            snapshot["updated_at"],
-            {"revision": revision},
-            cell.parent_run_id,
-        )
-
-    def settled(self, outcome: RunOutcome) -> None:
-        """Terminal: publish the outcome once its checkpoint is stored, never later: hooks
-        still pending then (on_finish among them) run after it.
-
-        The supervisor stays until they are done, or given up after `hook_timeout`, to keep
-        them in order; their errors can no longer reach the published outcome and are logged
-        (docs/states-and-errors.md "Phases and hooks").
-        """
-        if self._store_error is not None and outcome.revision > self._stored:
-            # What the store holds: the run's last stored revision (-1: none).
-            outcome = outcome.model_copy(update={"revision": self._stored})
-        self._outcome = outcome
-        self.cell.state = outcome.state
-        self.cell.close_approvals()
-        self._finish()
-
-    def _finish(self) -> None:
-        if self._outcome is None or self._ended is not None:
-            return  # not yet, or its checkpoint is still on its way to the store
-        if self._hooks_pending:
-            # Counted before the outcome is published: a host that returns from result()
-            # and shuts down at once must find these hooks in the drain, not miss them.
-            self.services.hooks_draining.enter()
-            self._draining = True
-        self._publish()
-        if self._hooks_pending:
-            at = self.services.clock.now() + self.services.hook_timeout
-            self.schedule(TimerKind.GRACE, "hooks", 0, at)
-        else:
-            self.actor_ref.stop(block=False)  # queued: handled after this message
-
-    # ------------------------------------------------------------------ hooks and ending
-
-    def _submit_hook(self) -> None:
-        while self._hook_jobs and not self.services.hook_pool.submit(self._hook_jobs[0]):
-            self._hook_jobs.pop(0)  # the runtime is shutting down: the hook cannot run
-            self._hooks_pending -= 1
-
-    def _hook_done(self, errors: list[AgentError]) -> None:
-        self._hooks_pending -= 1
-        if self._hook_jobs:
-            self._hook_jobs.pop(0)
-            self._submit_hook()
-        for error in errors:
-            if self._published:
-                self._log.warning(
-                    "hook_error_after_end", error=error.message, hook=error.details.get("hook")
-                )
-                continue
-            self._log.warning("hook_error", error=error.message)
-            if self._outcome is None:
-                self.machine.record_error(error)
-            else:  # the outcome waits for its checkpoint to be stored: it can still say so
-                self._outcome = self._outcome.model_copy(
-                    update={"errors": (*self._outcome.errors, error)}
-                )
-        if self._published and self._hooks_pending <= 0:
-            self.unschedule(TimerKind.GRACE, "hooks")
-            self._drained()
-
-    def _hooks_timed_out(self) -> None:
-        if not self._published:
-            return
-        if self._hook_jobs:
-            # Only the first is on a worker; the rest never started and are dropped.
-            self.services.hook_pool.abandon(self._hook_jobs[0])
-        self._log.warning(
-            "hooks_abandoned_after_end",
-            timeout=self.services.hook_timeout,
-            pending=self._hooks_pending,
-        )
-        self._hooks_pending = 0
-        self._hook_jobs.clear()
-        self._drained()
-
-    def _drained(self) -> None:
-        if self._draining:
-            self._draining = False
-            self.services.hooks_draining.leave()
-        self.actor_ref.stop(block=False)  # queued: handled after this message
-
-    def _publish(self) -> None:
-        outcome = self._outcome
-        if outcome is None or self._ended is not None:
-            return
-        self._outcome = None
-        self._published = True
-        # Leave the directory first: once result() returns, the run is no longer live.
-        self.services.host.run_ended(self.cell.run_id)
-        self.cell.settle(outcome)
-        self.outcome_published(outcome)
-
-    def outcome_published(self, outcome: RunOutcome) -> None:
-        """The run's outcome is settled on its cell. A top-level run tells nobody else."""
 
     # ------------------------------------------------------------------ Parkable
 

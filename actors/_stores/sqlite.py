@@ -10,71 +10,42 @@ A batch that fails for a transient reason (locked, busy, disk full) is retried w
 `write_timeout` seconds; then it is given up and every waiter is told (`store_unavailable`).
 A revision is stored only on top of its predecessor, so a write that was given up can never
 leave a later revision with a hole in its transcript (docs/reliability.md, "Store faults").
+
+This module is the facade (connections, the queueing write calls, close); the writer thread
+lives in sqlite_writer.py, the reads in sqlite_reads.py, leases in sqlite_own.py.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import queue
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from steerable.actors._engine.log import get_logger
 from steerable.protocol import (
     AgentError,
     ErrorCode,
     HostMessage,
-    RunState,
     SteerableError,
     SubagentResult,
     ToolResult,
     TranscriptEntry,
 )
-from steerable.protocol._codec import encode, encode_body
+from steerable.protocol._codec import encode
 
 from .lease import Owner
 from .schema import SCHEMA_VERSION, check_foreign, migrate
-from .sqlite_files import (
-    notify_failed,
-    notify_stored,
-    private_file,
-    transient,
-    unavailable,
-)
+from .sqlite_files import private_file, unavailable
 from .sqlite_own import SqliteOwnership
-from .sqlite_rows import checked, checksum, decoded, named, revision_info, summary
-from .store import (
-    CheckpointStore,
-    RevisionInfo,
-    RunSummary,
-    StoredRun,
-    check_record,
-    corrupt_row,
-    join_snapshot,
-    not_found,
-    split_snapshot,
-)
+from .sqlite_reads import SqliteReads
+from .sqlite_writer import _ATTEMPT_BUSY, _STOP, SqliteWriter
+from .store import CheckpointStore, check_record
 
 __all__ = ["SCHEMA_VERSION", "SqliteStore", "default_db_path"]
-
-_log = get_logger("steerable.sqlite")
-
-_FENCED_OPS = frozenset({"checkpoint", "journal"})
-"""Writes checked against the run's lease epoch (a run's own writes; inbox messages come from
-any process)."""
-
-
-_STOP = object()
-_ATTEMPT_BUSY = 1.0  # seconds one attempt waits for a lock; retries go on to `write_timeout`
-_PROBE = 0.25  # seconds of retrying a store whose last write was given up gets
-_FIRST_BACKOFF = 0.01
-_MAX_BACKOFF = 0.5
 
 
 def default_db_path() -> Path:
@@ -93,7 +64,7 @@ def _incompatible(message: str, **details: Any) -> SteerableError:
     return SteerableError(AgentError.of(ErrorCode.CHECKPOINT_INCOMPATIBLE, message, **details))
 
 
-class SqliteStore(SqliteOwnership, CheckpointStore):
+class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, CheckpointStore):
     """A durable store in one SQLite file (WAL), safe for many concurrent runs.
 
     Args:
@@ -322,413 +293,6 @@ class SqliteStore(SqliteOwnership, CheckpointStore):
 
     def _path_str(self) -> str:
         return str(self.path)
-
-    def _write_loop(self) -> None:
-        conn = self._writer_conn
-        try:
-            while True:
-                item = self._queue.get()
-                if item is _STOP:
-                    return
-                batch = [item]
-                stop = False
-                while len(batch) < self._max_batch:
-                    try:
-                        more = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if more is _STOP:
-                        stop = True
-                        break
-                    batch.append(more)
-                self._commit(conn, batch)
-                if stop:
-                    return
-        finally:
-            conn.close()
-
-    def _commit(self, conn: sqlite3.Connection, batch: list[tuple[Any, Any, Any]]) -> None:
-        refused: dict[int, SteerableError] = {}
-        error = self._transact(conn, batch, refused)
-        fenced, self._fenced_now = self._fenced_now, set()
-        for index, (op, done, failed) in enumerate(batch):
-            why = error if error is not None else refused.get(index)
-            if why is None:
-                if op[0] not in _FENCED_OPS or op[1] not in fenced:
-                    notify_stored(done)  # a refused (fenced) write is never said stored
-            else:
-                notify_failed(done, failed, why)
-        if fenced and error is None:
-            self._fenced(fenced)
-
-    def _transact(
-        self,
-        conn: sqlite3.Connection,
-        batch: list[tuple[Any, Any, Any]],
-        refused: dict[int, SteerableError],
-    ) -> SteerableError | None:
-        """Commit `batch` as one transaction, retrying transient failures with backoff.
-
-        Returns None once committed, else the error every write of the batch gets.
-        """
-        budget = self._write_timeout
-        if self._given_up is not None or self._closing.is_set():
-            budget = min(budget, _PROBE)  # a failing store answers promptly
-        started = time.monotonic()
-        deadline = started + budget
-        backoff = _FIRST_BACKOFF
-        attempt = 0
-        while True:
-            attempt += 1
-            refused.clear()
-            self._static_added.clear()
-            try:
-                # IMMEDIATE: the fence check reads the lease and the write follows in the same
-                # transaction; a deferred one could not upgrade after another process's claim.
-                conn.execute("BEGIN IMMEDIATE")
-                checked: dict[str, bool] = {}
-                for index, (op, _, _) in enumerate(batch):
-                    why = self._apply_one(conn, op, checked)
-                    if why is not None:
-                        refused[index] = why
-                conn.execute("COMMIT")
-                self._fenced_now = {run_id for run_id, ok in checked.items() if not ok}
-            except BaseException as exc:  # noqa: BLE001 - reported to every waiter, and logged
-                self._rollback(conn)
-                if not isinstance(exc, sqlite3.Error):
-                    _log.error("sqlite_commit_failed", path=str(self.path), exc_info=True)
-                    self._failed = exc
-                    return SteerableError(
-                        AgentError.of(ErrorCode.INTERNAL_ERROR, f"storing failed: {exc!r}")
-                    )
-                now = time.monotonic()
-                if transient(exc) and now < deadline and not self._closing.is_set():
-                    self._retries += 1
-                    _log.warning(
-                        "sqlite_write_retry", path=str(self.path), attempt=attempt, error=str(exc)
-                    )
-                    # Backoff that close() cuts short: a closing store tries once more, then
-                    # gives up (no 30 s shutdown behind a full disk or a lock).
-                    self._closing.wait(min(backoff, deadline - now))
-                    backoff = min(backoff * 2, _MAX_BACKOFF)
-                    continue
-                self._given_up = exc
-                self._gave_up += 1
-                seconds = round(now - started, 3)
-                _log.error(
-                    "sqlite_write_given_up",
-                    path=str(self.path),
-                    attempts=attempt,
-                    seconds=seconds,
-                    error=str(exc),
-                )
-                return unavailable(
-                    f"storing in {self.path} failed ({exc}); given up after {attempt} "
-                    f"attempts in {seconds}s",
-                    exc,
-                    path=str(self.path),
-                    attempts=attempt,
-                    transient=transient(exc),
-                )
-            self._given_up = None
-            return None
-
-    def _rollback(self, conn: sqlite3.Connection) -> None:
-        for run_id in self._static_added:
-            self._static_written.discard(run_id)
-        self._static_added.clear()
-        if conn.in_transaction:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:  # the transaction is gone with the failure
-                _log.warning("sqlite_rollback_failed", path=str(self.path), exc_info=True)
-
-    def _apply_one(
-        self, conn: sqlite3.Connection, op: tuple[Any, ...], fence: dict[str, bool]
-    ) -> SteerableError | None:
-        """Apply one write inside its own savepoint: a value the codec refuses (entry points
-        check with the same `check_storable`, so this is a last line) rolls back that write
-        alone and is reported to its waiter; the rest of the batch commits."""
-        conn.execute("SAVEPOINT op")
-        try:
-            why = self._apply(conn, op, fence)
-        except ValueError as exc:
-            conn.execute("ROLLBACK TO op")
-            conn.execute("RELEASE op")
-            if op[0] == "checkpoint":
-                self._static_written.discard(op[1])
-            _log.error("sqlite_write_refused", path=str(self.path), op=op[0], error=str(exc))
-            return SteerableError(
-                AgentError.of(
-                    ErrorCode.INTERNAL_ERROR,
-                    f"the codec refused a {op[0]} write that passed every entry check: {exc}",
-                    write=op[0],
-                )
-            )
-        conn.execute("RELEASE op")
-        return why
-
-    def _fence_ok(
-        self, conn: sqlite3.Connection, run_id: str, agent: str, fence: dict[str, bool]
-    ) -> bool:
-        """Whether this store object may write for `run_id` (in the write's transaction)."""
-        ok = fence.get(run_id)
-        if ok is not None:
-            return ok
-        with self._held_lock:
-            held = self._held.get(run_id)
-        if held is None:
-            ok = True  # not a run this store object owns (a store without a runtime's leases)
-        else:
-            owner, epoch = held
-            row = conn.execute(
-                "SELECT owner, epoch FROM leases WHERE run_id=?", (run_id,)
-            ).fetchone()
-            if row is None:
-                ok = epoch == 1  # a new run: its first write makes its lease
-                if ok:
-                    conn.execute(
-                        "INSERT INTO leases VALUES (?,?,?,?,?,?,?)",
-                        (
-                            run_id,
-                            owner.instance_id,
-                            owner.host,
-                            owner.pid,
-                            1,
-                            self._now() + self._ttl,
-                            agent,
-                        ),
-                    )
-            else:
-                ok = (row[0], row[1]) == (owner.instance_id, epoch)
-            if not ok:
-                with self._held_lock:
-                    if self._held.get(run_id) == held:
-                        del self._held[run_id]
-        fence[run_id] = ok
-        return ok
-
-    def _apply(
-        self, conn: sqlite3.Connection, op: tuple[Any, ...], fence: dict[str, bool]
-    ) -> SteerableError | None:
-        kind = op[0]
-        if kind == "checkpoint":
-            if not self._fence_ok(conn, op[1], op[3]["agent"], fence):
-                return None
-            return self._apply_checkpoint(conn, *op[1:])
-        if kind == "journal":
-            _, run_id, call_id, blob = op
-            if self._fence_ok(conn, run_id, "", fence):
-                conn.execute(
-                    "INSERT OR REPLACE INTO journal VALUES (?,?,?,?)",
-                    (run_id, call_id, blob, checksum(blob)),
-                )
-        elif kind == "inbox":
-            _, run_id, seq, blob = op
-            conn.execute(
-                "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc) VALUES (?,?,?,?)",
-                (run_id, seq, blob, checksum(blob)),
-            )
-        elif kind == "release":
-            _, run_id, owner, epoch = op
-            conn.execute(
-                "UPDATE leases SET expires_at=0 WHERE run_id=? AND owner=? AND epoch=?",
-                (run_id, owner, epoch),
-            )
-        return None
-
-    def _apply_checkpoint(
-        self,
-        conn: sqlite3.Connection,
-        run_id: str,
-        revision: int,
-        snapshot: dict[str, Any],
-        entries_from: int,
-        entries: list[TranscriptEntry],
-    ) -> SteerableError | None:
-        """Write one revision, only on top of the previous one: after a write of this run
-        was given up, its later revisions are refused (the store keeps its last good one)
-        rather than stored with a hole in their transcript. Returns the refusal, if any."""
-        static, dynamic = split_snapshot(snapshot)
-        if run_id not in self._static_written:
-            # Once per run and process: config, capabilities and the task never change while
-            # a run lives, so revisions store only what does (W4: bytes <= 3x the transcript).
-            blob = encode_body("snapshot", static)
-            cursor = conn.execute(
-                "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(run_id) DO UPDATE "
-                "SET state=excluded.state, revision=excluded.revision, "
-                "updated_at=excluded.updated_at, static=excluded.static, crc=excluded.crc "
-                "WHERE excluded.revision <= runs.revision + 1",
-                (
-                    run_id,
-                    snapshot["parent_run_id"],
-                    snapshot["task"],
-                    snapshot["agent"],
-                    snapshot["state"],
-                    revision,
-                    snapshot["updated_at"],
-                    blob,
-                    checksum(blob),
-                ),
-            )
-            if cursor.rowcount == 1:
-                self._static_written.add(run_id)
-                self._static_added.append(run_id)
-        else:
-            cursor = conn.execute(
-                "UPDATE runs SET state=?, revision=?, updated_at=? WHERE run_id=? AND revision>=?",
-                (snapshot["state"], revision, snapshot["updated_at"], run_id, revision - 1),
-            )
-        if cursor.rowcount != 1:
-            return unavailable(
-                f"revision {revision} of run {run_id} not stored: an earlier revision of the "
-                "run was not stored (its write was given up)",
-                run_id=run_id,
-                revision=revision,
-            )
-        blob = encode_body("snapshot", dynamic)
-        with self._held_lock:
-            held = self._held.get(run_id)
-        conn.execute(
-            "INSERT OR REPLACE INTO revisions (run_id, revision, snapshot, crc, epoch) "
-            "VALUES (?,?,?,?,?)",
-            (run_id, revision, blob, checksum(blob), 0 if held is None else held[1]),
-        )
-        if entries:
-            conn.execute("DELETE FROM entries WHERE run_id=? AND idx>=?", (run_id, entries_from))
-            rows = []
-            for i, entry in enumerate(entries):
-                blob = encode(entry, kind="entry")
-                rows.append((run_id, entries_from + i, blob, checksum(blob)))
-            conn.executemany("INSERT INTO entries VALUES (?,?,?,?)", rows)
-        if not snapshot["plan"]:
-            conn.execute("DELETE FROM journal WHERE run_id=?", (run_id,))
-        if RunState(snapshot["state"]).is_terminal:
-            self._static_written.discard(run_id)
-            # Nobody needs a finished run's lease: released with its last write.
-            conn.execute("UPDATE leases SET expires_at=0 WHERE run_id=?", (run_id,))
-            with self._held_lock:
-                self._held.pop(run_id, None)
-        return None
-
-    # ------------------------------------------------------------------ reads
-
-    def load(self, run_id: str, revision: int | None = None) -> StoredRun:
-        """Load a run at `revision` (None: the latest).
-
-        Raises:
-            SteerableError: `not_found`; `checkpoint_corrupt` (naming the run and revision)
-                for a row whose checksum fails (bit flips, truncation), a missing transcript
-                entry or a record that does not decode or validate; `checkpoint_incompatible`
-                for a newer format.
-        """
-        self.flush()
-        conn = self._reader()
-        conn.execute("BEGIN")
-        try:
-            row = conn.execute(
-                "SELECT revision, static, crc FROM runs WHERE run_id=?", (run_id,)
-            ).fetchone()
-            if row is None:
-                raise not_found(run_id)
-            latest, static_blob, static_crc = row
-            wanted = latest if revision is None else revision
-            rev = conn.execute(
-                "SELECT snapshot, crc FROM revisions WHERE run_id=? AND revision=?",
-                (run_id, wanted),
-            ).fetchone()
-            if rev is None:
-                raise not_found(run_id, revision)
-            at = wanted if type(wanted) is int else None
-            snapshot = named(
-                run_id,
-                at,
-                lambda: join_snapshot(
-                    checked(static_blob, static_crc, run_id, "run"),
-                    checked(rev[0], rev[1], run_id, f"revision {wanted}"),
-                    run_id=run_id,
-                    revision=at,
-                ),
-            )
-            entries = conn.execute(
-                "SELECT idx, entry, crc FROM entries WHERE run_id=? AND idx<? ORDER BY idx",
-                (run_id, snapshot.transcript_len),
-            ).fetchall()
-            journal: list[tuple[str, bytes, int]] = []
-            messages: list[tuple[int, bytes, int]] = []
-            if wanted == latest:
-                journal = conn.execute(
-                    "SELECT call_id, result, crc FROM journal WHERE run_id=?", (run_id,)
-                ).fetchall()
-                messages = conn.execute(
-                    "SELECT seq, message, crc FROM inbox WHERE run_id=? AND seq>? ORDER BY seq",
-                    (run_id, snapshot.last_seq),
-                ).fetchall()
-        finally:
-            conn.execute("COMMIT")
-        if snapshot.revision != wanted:
-            raise corrupt_row(run_id, at, f"the row holds revision {snapshot.revision}")
-        if len(entries) != snapshot.transcript_len or any(
-            idx != i for i, (idx, _, _) in enumerate(entries)
-        ):
-            raise corrupt_row(
-                run_id,
-                at,
-                f"transcript has {len(entries)} of {snapshot.transcript_len} entries",
-            )
-        return StoredRun(
-            snapshot=snapshot,
-            transcript=[decoded(b, c, run_id, at, f"entry {i}", "entry") for i, b, c in entries],
-            journal={
-                cid: decoded(b, c, run_id, at, f"journal {cid}", "entry") for cid, b, c in journal
-            },
-            messages=[
-                decoded(b, c, run_id, at, f"message {seq}", "host_message")
-                for seq, b, c in messages
-            ],
-        )
-
-    def revisions(self, run_id: str) -> list[RevisionInfo]:
-        """Every revision of a run, oldest first.
-
-        Raises:
-            SteerableError: `not_found`; `checkpoint_corrupt` naming the run and revision of
-                a row that does not hold a revision.
-        """
-        self.flush()
-        rows = (
-            self._reader()
-            .execute(
-                "SELECT revision, snapshot, crc FROM revisions WHERE run_id=? ORDER BY revision",
-                (run_id,),
-            )
-            .fetchall()
-        )
-        if not rows:
-            raise not_found(run_id)
-        out = []
-        for number, blob, crc in rows:
-            at = number if type(number) is int else None
-            out.append(named(run_id, at, functools.partial(revision_info, run_id, at, blob, crc)))
-        return out
-
-    def runs(self) -> list[RunSummary]:
-        """Every run in the store, oldest first (run ids sort by creation time).
-
-        Raises:
-            SteerableError: `checkpoint_corrupt` naming the run of a row that does not hold
-                a run summary (a state steerable does not have, a column of the wrong type).
-        """
-        self.flush()
-        rows = (
-            self._reader()
-            .execute(
-                "SELECT run_id, state, revision, task, agent, parent_run_id, updated_at FROM runs "
-                "ORDER BY run_id"
-            )
-            .fetchall()
-        )
-        return [summary(row) for row in rows]
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"

@@ -1,7 +1,7 @@
 """`SqliteStore`'s ownership: leases, claims, renewals and run-addressed operations in SQL.
 
 A mixin of `SqliteStore` (split from sqlite.py along its seam): the writer thread fences
-checkpoints and journal entries (sqlite.py, `_fence_ok`); this part claims, renews and
+checkpoints and journal entries (sqlite_writer.py, `_fence_ok`); this part claims, renews and
 releases leases, adopts orphans, and stores operations addressed to runs another process
 owns (docs/durability.md, "Ownership" and "Steering from any process").
 """
