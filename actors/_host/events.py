@@ -14,10 +14,14 @@ import concurrent.futures
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from steerable.actors._observe.feed import Feed
+from steerable.actors._stores.events import storable
 from steerable.protocol import EventKind, Phase, RunEvent
+
+if TYPE_CHECKING:
+    from steerable.actors._stores.store import CheckpointStore
 
 __all__ = ["SSE_KEEPALIVE", "EventLog", "EventStream", "sse_frame"]
 
@@ -44,6 +48,10 @@ class EventLog:
         "_next",
         "_observed",
         "_sleepers",
+        "_store",
+        "_store_lock",
+        "_stored_as",
+        "_unstored",
         "_waiters",
         "trace_id",
     )
@@ -68,6 +76,58 @@ class EventLog:
         self._dropped = 0
         self._closed = False
         self._waiters: list[concurrent.futures.Future[None]] = []
+        self._store: CheckpointStore | None = None
+        self._stored_as = ""
+        self._unstored = 0  # the first seq not yet handed to the store
+        self._store_lock = threading.Lock()
+
+    def store_to(self, store: CheckpointStore, run_id: str, first_seq: int = 0) -> None:
+        """Keep this log's events in `store`, as the stream of top-level run `run_id`.
+
+        `first_seq`: where a resumed run's stream continues (after its last stored event);
+        called before anything is appended.
+        """
+        with self._lock:
+            if first_seq > self._next and not self._events:
+                self._next = first_seq
+            self._unstored = self._next
+            self._store = store
+            self._stored_as = run_id
+
+    @property
+    def first_seq(self) -> int:
+        """The seq of the oldest event still in memory (the next one's if none is)."""
+        with self._lock:
+            return self._events[0][0] if self._events else self._next
+
+    @property
+    def stored_as(self) -> str:
+        """The top-level run whose stored stream this log writes ("" if it is not stored)."""
+        return self._stored_as
+
+    @property
+    def storing(self) -> bool:
+        """Whether the log hands its events to a store."""
+        return self._store is not None
+
+    def store_pending(self) -> None:
+        """Hand the storable events appended since the last call to the store, in one batch.
+
+        Called at the end of each supervisor step and before a run's outcome is published;
+        cheap when nothing is new (one attribute comparison).
+        """
+        store = self._store
+        if store is None or self._unstored == self._next:
+            return
+        with self._store_lock:  # batches reach the store in seq order
+            with self._lock:
+                events = self._events
+                count = self._next - max(self._unstored, events[0][0] if events else self._next)
+                size = len(events)
+                batch = [r for i in range(size - count, size) if storable(r := events[i])]
+                self._unstored = self._next
+            if batch:
+                store.append_events(self._stored_as, self.trace_id, batch)
 
     def append(
         self,

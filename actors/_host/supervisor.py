@@ -129,6 +129,8 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
             handler(self, message, now)
         machine = self.machine
         self.cell.state = machine.state if self._final_state is None else self._final_state
+        if not self._fenced:
+            self.cell.events.store_pending()  # this step's events, in one batch
         if (
             machine.parked
             and not self._hooks_pending

@@ -39,6 +39,7 @@ from steerable.protocol._codec import encode
 
 from .lease import Owner
 from .schema import SCHEMA_VERSION, check_foreign, migrate
+from .sqlite_events import SqliteEvents
 from .sqlite_files import private_file, unavailable
 from .sqlite_own import SqliteOwnership
 from .sqlite_reads import SqliteReads
@@ -64,7 +65,7 @@ def _incompatible(message: str, **details: Any) -> SteerableError:
     return SteerableError(AgentError.of(ErrorCode.CHECKPOINT_INCOMPATIBLE, message, **details))
 
 
-class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, CheckpointStore):
+class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, CheckpointStore):
     """A durable store in one SQLite file (WAL), safe for many concurrent runs.
 
     Args:
@@ -206,8 +207,12 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, CheckpointStore):
                 )
             )
 
-    def append_message(self, run_id: str, message: HostMessage) -> None:
+    def append_message(
+        self, run_id: str, message: HostMessage, *, message_id: str | None = None
+    ) -> None:
         """Store a host message; returns once it is committed (durable steering).
+
+        `message_id` is stored with it (`message_seq` finds it; one message per id).
 
         Raises:
             SteerableError: `store_unavailable` if the write was given up (nothing stored).
@@ -217,7 +222,11 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, CheckpointStore):
         self._check_open()
         done: Future[None] = Future()
         self._queue.put(
-            (("inbox", run_id, message.seq, encode(message, kind="host_message")), done, None)
+            (
+                ("inbox", run_id, message.seq, encode(message, kind="host_message"), message_id),
+                done,
+                None,
+            )
         )
         done.result()
 

@@ -289,6 +289,16 @@ class SqliteOwnership:
             raise
         return op_id, seq
 
+    def message_seq(self, run_id: str, message_id: str) -> int | None:
+        """The inbox seq of the run's message stored with `message_id` (None: none is)."""
+        self.flush()
+        row = (
+            self._reader()
+            .execute("SELECT seq FROM inbox WHERE run_id=? AND message_id=?", (run_id, message_id))
+            .fetchone()
+        )
+        return None if row is None else int(row[0])
+
     def op_seq(self, op_id: int) -> int | None:
         """The inbox seq the owner gave an operation (None: not yet; -1: refused)."""
         row = (
@@ -313,15 +323,24 @@ class SqliteOwnership:
         return out
 
     def settle_op(
-        self, op_id: int, run_id: str, message: HostMessage | None, message_id: str | None
+        self,
+        op_id: int,
+        run_id: str,
+        message: HostMessage | None,
+        message_id: str | None,
+        *,
+        stored: bool = False,
     ) -> None:
         """The owner takes an operation into the inbox at `message.seq` (None: refuses it),
-        in one transaction; returns once committed."""
+        in one transaction; returns once committed. `stored`: the inbox holds it already at
+        that seq (its `message_id` was accepted before): only the operation is settled."""
         self._check_open()
         conn = self._transaction()
         try:
             if message is None:
                 conn.execute("UPDATE remote_ops SET seq=-1 WHERE op_id=?", (op_id,))
+            elif stored:
+                conn.execute("UPDATE remote_ops SET seq=? WHERE op_id=?", (message.seq, op_id))
             else:
                 blob = encode(message, kind="host_message")
                 conn.execute(
@@ -348,6 +367,14 @@ class SqliteOwnership:
             top = conn.execute("SELECT MAX(seq) FROM inbox WHERE run_id=?", (run_id,)).fetchone()
             seq = (-1 if top[0] is None else int(top[0])) + 1
             for op_id, blob, message_id in rows:
+                if message_id is not None:
+                    dup = conn.execute(
+                        "SELECT seq FROM inbox WHERE run_id=? AND message_id=?",
+                        (run_id, message_id),
+                    ).fetchone()
+                    if dup is not None:  # accepted already (a send to its previous owner)
+                        conn.execute("UPDATE remote_ops SET seq=? WHERE op_id=?", (dup[0], op_id))
+                        continue
                 message = decode(blob, kind="host_message").model_copy(update={"seq": seq})
                 out = encode(message, kind="host_message")
                 conn.execute(

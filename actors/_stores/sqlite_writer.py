@@ -23,6 +23,7 @@ from steerable.protocol import AgentError, ErrorCode, RunState, SteerableError, 
 from steerable.protocol._codec import encode, encode_body
 
 from .lease import Owner
+from .sqlite_events import apply_events
 from .sqlite_files import notify_failed, notify_stored, transient, unavailable
 from .sqlite_rows import checksum
 from .store import split_snapshot
@@ -31,7 +32,7 @@ __all__ = ["SqliteWriter"]
 
 _log = get_logger("steerable.sqlite")
 
-_FENCED_OPS = frozenset({"checkpoint", "journal"})
+_FENCED_OPS = frozenset({"checkpoint", "journal", "events"})
 """Writes checked against the run's lease epoch (a run's own writes; inbox messages come from
 any process)."""
 
@@ -271,11 +272,16 @@ class SqliteWriter:
                     (run_id, call_id, blob, checksum(blob)),
                 )
         elif kind == "inbox":
-            _, run_id, seq, blob = op
+            _, run_id, seq, blob, message_id = op
             conn.execute(
-                "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc) VALUES (?,?,?,?)",
-                (run_id, seq, blob, checksum(blob)),
+                "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc, message_id) "
+                "VALUES (?,?,?,?,?)",
+                (run_id, seq, blob, checksum(blob), message_id),
             )
+        elif kind == "events":
+            _, run_id, trace_id, records, retention = op
+            if self._fence_ok(conn, run_id, "", fence):
+                apply_events(conn, run_id, trace_id, records, retention)
         elif kind == "release":
             _, run_id, owner, epoch = op
             conn.execute(

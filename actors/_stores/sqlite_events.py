@@ -1,0 +1,132 @@
+"""`SqliteStore`'s stored events: the writer's batch op, and the reads (docs/durability.md).
+
+A run hands its storable events to the store in batches (`append_events`): the batch is queued
+to the writer thread like a journal entry, so it is encoded there and committed in the same
+transaction as the checkpoint and journal writes queued with it, fenced by the run's lease
+epoch. The `events` table keeps the last `event_retention` events of each run's stream.
+"""
+
+from __future__ import annotations
+
+import queue
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from steerable.actors._engine.log import get_logger
+from steerable.protocol import AgentError, RunEvent, RunState
+from steerable.protocol._codec import encode_body
+
+from .events import EventRecord, event_body
+from .sqlite_rows import checksum, decoded
+from .store import corrupt_row, not_found
+
+__all__ = ["SqliteEvents", "apply_events"]
+
+_log = get_logger("steerable.sqlite")
+
+
+def apply_events(
+    conn: sqlite3.Connection,
+    run_id: str,
+    trace_id: str,
+    records: Sequence[EventRecord],
+    retention: int,
+) -> None:
+    """Insert one batch of a stream's events (in the writer's transaction), then trim it.
+
+    An event the codec refuses is left out and logged: the rest of its batch is stored.
+    """
+    rows = []
+    for record in records:
+        try:
+            blob = encode_body("event", event_body(trace_id, record))
+        except ValueError as exc:
+            _log.error("event_not_stored", run_id=run_id, seq=record[0], error=str(exc))
+            continue
+        rows.append((run_id, record[0], blob, checksum(blob)))
+    if not rows:
+        return
+    conn.executemany("INSERT OR REPLACE INTO events VALUES (?,?,?,?)", rows)
+    oldest = rows[-1][1] - max(1, retention) + 1
+    if oldest > 0:
+        conn.execute("DELETE FROM events WHERE run_id=? AND seq<?", (run_id, oldest))
+
+
+class SqliteEvents:
+    """Stored events for `SqliteStore` (which provides the connections and the writer)."""
+
+    _queue: queue.SimpleQueue[Any]
+    stores_events = True
+    event_retention: int
+
+    def _reader(self) -> sqlite3.Connection:
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def flush(self, timeout: float | None = None) -> bool:
+        raise NotImplementedError
+
+    def append_events(
+        self,
+        run_id: str,
+        trace_id: str,
+        records: Sequence[EventRecord],
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
+        """Queue a batch of events (encoded and committed by the writer, fenced)."""
+        if not records:
+            return
+        self._check_open()
+        op = ("events", run_id, trace_id, tuple(records), self.event_retention)
+        self._queue.put((op, None, on_failed))
+
+    def events(self, run_id: str, start: int = 0, limit: int | None = None) -> list[RunEvent]:
+        """The stored events of the run's stream with seq >= `start`, oldest first.
+
+        Raises:
+            SteerableError: `not_found` for a run the store does not know; `checkpoint_corrupt`
+                for a row whose checksum fails or that does not decode.
+        """
+        self.flush()
+        conn = self._reader()
+        rows = conn.execute(
+            "SELECT seq, event, crc FROM events WHERE run_id=? AND seq>=? ORDER BY seq LIMIT ?",
+            (run_id, start, -1 if limit is None else limit),
+        ).fetchall()
+        if (
+            not rows
+            and conn.execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone() is None
+        ):
+            raise not_found(run_id)
+        return [
+            decoded(blob, crc, run_id, None, f"event {seq}", "event") for seq, blob, crc in rows
+        ]
+
+    def run_state(self, run_id: str) -> RunState:
+        """The run's state as last stored (one indexed read: what a follower polls).
+
+        Raises:
+            SteerableError: `not_found`; `checkpoint_corrupt` for a state steerable lacks.
+        """
+        self.flush()
+        row = self._reader().execute("SELECT state FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        if row is None:
+            raise not_found(run_id)
+        try:
+            return RunState(row[0])
+        except ValueError:
+            raise corrupt_row(run_id, None, f"unknown state {str(row[0])[:40]!r}") from None
+
+    def next_event_seq(self, run_id: str) -> int:
+        """One more than the highest stored seq of the run's stream (0: none)."""
+        self.flush()
+        row = (
+            self._reader()
+            .execute("SELECT MAX(seq) FROM events WHERE run_id=?", (run_id,))
+            .fetchone()
+        )
+        return 0 if row is None or row[0] is None else int(row[0]) + 1
