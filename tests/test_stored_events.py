@@ -148,6 +148,12 @@ def test_a_finished_runs_events_replay_from_the_store_without_live_only_ones(
             e.seq for e in stored[3:]
         ]
 
+        async def frames() -> list[str]:
+            return [f async for f in rt.events(handle.run_id).sse(keepalive=None)]
+
+        sse = asyncio.run(frames())
+        assert [f.split("\n")[0] for f in sse] == [f"id: {e.seq}" for e in stored]
+
 
 def test_a_resumed_runs_seqs_continue_and_its_whole_stream_replays(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"

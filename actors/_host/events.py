@@ -23,7 +23,7 @@ from steerable.protocol import EventKind, Phase, RunEvent
 if TYPE_CHECKING:
     from steerable.actors._stores.store import CheckpointStore
 
-__all__ = ["SSE_KEEPALIVE", "EventLog", "EventStream", "sse_frame"]
+__all__ = ["SSE_KEEPALIVE", "EventLog", "EventStream", "sse_frame", "sse_frames"]
 
 _Raw = tuple[int, EventKind, Phase | None, float, dict[str, Any], str, str | None]
 
@@ -358,7 +358,7 @@ class EventStream:
         proxies keep the connection open; the stream ends when the run ends. A client that
         reconnects sends `Last-Event-ID`: start a new stream at that seq + 1.
         """
-        return _sse_frames(self, keepalive)
+        return sse_frames(self, keepalive)
 
 
 def sse_frame(event: RunEvent) -> str:
@@ -371,7 +371,9 @@ SSE_KEEPALIVE = ": keepalive\n\n"
 """The comment frame `EventStream.sse` yields while a run is quiet."""
 
 
-async def _sse_frames(stream: EventStream, keepalive: float | None) -> AsyncIterator[str]:
+async def sse_frames(
+    stream: AsyncIterator[RunEvent], keepalive: float | None
+) -> AsyncIterator[str]:
     while True:
         try:
             if keepalive is None:

@@ -16,11 +16,11 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from steerable.protocol import EventKind, RunEvent
 
-from .events import EventStream
+from .events import EventStream, sse_frames
 
 __all__ = ["ChangeSignal", "PrefixedStream", "StoredEventStream"]
 
@@ -193,6 +193,10 @@ class StoredEventStream:
     def __aiter__(self) -> StoredEventStream:
         return self
 
+    def sse(self, *, keepalive: float | None = 15.0) -> AsyncIterator[str]:
+        """The stream as Server-Sent Events frames, as `EventStream.sse`."""
+        return sse_frames(self, keepalive)
+
     async def __anext__(self) -> RunEvent:
         deadline = self._deadline()
         while True:
@@ -241,6 +245,10 @@ class PrefixedStream:
 
     def __aiter__(self) -> PrefixedStream:
         return self
+
+    def sse(self, *, keepalive: float | None = 15.0) -> AsyncIterator[str]:
+        """The stream as Server-Sent Events frames, as `EventStream.sse`."""
+        return sse_frames(self, keepalive)
 
     async def __anext__(self) -> RunEvent:
         if self._prefix:

@@ -1,22 +1,24 @@
 """W11, takeover: SIGKILL a run's owner -> the run's next checkpoint by the adopting process.
 
-    python -m tests.bench.w11_takeover [--runs N] [--ttl SECONDS]
+    python -m tests.bench.w11_takeover [--kills N] [--runs N] [--ttl SECONDS]
 
-Process B (`--adopter`) is a `Runtime(adopt_orphans=True, lease_ttl=TTL)` on one SQLite file; it
-prints `checkpoint <time.monotonic()>` when a run it adopted checkpoints. For each sample, a new
-process A (`--owner`) starts a run whose first tool blocks, prints `run <id>` once its first
-checkpoint is stored, and is SIGKILLed by the parent, which notes `time.monotonic()` just before
-(the monotonic clock is the machine's, shared by the processes). On one machine a killed
+Two adopting processes (`--adopter`), each a `Runtime(adopt_orphans=True, lease_ttl=TTL)` on one
+SQLite file, print `checkpoint <run_id> <time.monotonic()>` when a run they adopted checkpoints.
+For each kill, a new process (`--owner`) starts 10 runs whose first tool blocks, prints their ids
+once their first checkpoints are stored, and is SIGKILLed by the parent, which notes
+`time.monotonic()` just before (the monotonic clock is the machine's, shared by the processes);
+every run must be adopted by exactly one adopter. On one machine a killed
 owner's pid is gone, so its lease is not waited out: the adopter takes the run at its next pass
 (every `lease_ttl / 3`). The figure is reported against the TTL; the floor is that pass
-interval. Target: within `lease_ttl + lease_ttl / 3 + 0.5 s` (the test bound); typically within
-one pass.
+interval. Target (docs/benchmarks.md): within `lease_ttl + 1 s`, every run adopted once;
+typically within one pass.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -53,13 +55,14 @@ class Blocker:
         return Finish(output="done")
 
 
-def owner(db: str, ttl: float) -> None:
+def owner(db: str, ttl: float, runs: int) -> None:
     os.environ["W11_ROLE"] = "owner"
     rt = Runtime(store=SqliteStore(db), tools=[block], lease_ttl=ttl)
-    handle = rt.start("w11", agent=Blocker())
-    handle._cell.stored.wait(30.0)
+    handles = [rt.start("w11", agent=Blocker()) for _ in range(runs)]
+    for handle in handles:
+        handle._cell.stored.wait(30.0)
     rt.store.flush()
-    print("run", handle.run_id, flush=True)
+    print("runs", *[h.run_id for h in handles], flush=True)
     threading.Event().wait(600.0)  # killed here
 
 
@@ -94,50 +97,74 @@ def _child(*args: str) -> subprocess.Popen[str]:
     )
 
 
-def measure(runs: int, ttl: float) -> list[float]:
-    """Seconds from SIGKILL of the owner to the adopter's first checkpoint of the run."""
+def measure(kills: int, runs: int, ttl: float) -> list[float]:
+    """Seconds from SIGKILL of an owner of `runs` runs to each run's first checkpoint by one
+    of two adopting processes; every run must be adopted exactly once."""
     out: list[float] = []
     with temp_dir() as work:
         db = str(work / "w11.db")
-        SqliteStore(db).close()  # the schema exists before two processes open the file
-        adopt = _child("--adopter", db, str(ttl))
-        assert adopt.stdout is not None
-        assert adopt.stdin is not None
+        SqliteStore(db).close()  # the schema exists before several processes open the file
+        adopters = [_child("--adopter", db, str(ttl)) for _ in range(2)]
+        lines: queue.Queue[tuple[str, float]] = queue.Queue()
+
+        def pump(proc: subprocess.Popen[str]) -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                words = line.split()
+                if words and words[0] == "checkpoint":
+                    lines.put((words[1], float(words[2])))
+
+        readers = []
         try:
-            expect(adopt.stdout.readline().split() == ["up"], "W11: the adopter did not start")
-            for _ in range(runs):
-                own = _child("--owner", db, str(ttl))
+            for proc in adopters:
+                assert proc.stdout is not None
+                expect(proc.stdout.readline().split() == ["up"], "W11: an adopter did not start")
+                readers.append(threading.Thread(target=pump, args=(proc,), daemon=True))
+                readers[-1].start()
+            adopted: dict[str, int] = {}
+            for _ in range(kills):
+                own = _child("--owner", db, str(ttl), str(runs))
                 assert own.stdout is not None
                 words = own.stdout.readline().split()
-                expect(len(words) == 2 and words[0] == "run", f"W11: owner said {words}")
+                expect(len(words) == runs + 1 and words[0] == "runs", f"W11: owner said {words}")
                 killed = time.monotonic()
                 own.send_signal(signal.SIGKILL)
                 own.wait(30)
                 own.stdout.close()
                 if own.stdin is not None:
                     own.stdin.close()
-                line = adopt.stdout.readline().split()
-                expect(line[:2] == ["checkpoint", words[1]], f"W11: adopter said {line}")
-                out.append(float(line[2]) - killed)
+                for _ in range(runs):
+                    run_id, at = lines.get(timeout=60.0)
+                    expect(run_id in words[1:], f"W11: {run_id} was not this owner's")
+                    adopted[run_id] = adopted.get(run_id, 0) + 1
+                    out.append(at - killed)
+            expect(all(n == 1 for n in adopted.values()), f"W11: adopted twice: {adopted}")
         finally:
-            adopt.stdin.close()
-            adopt.wait(30)
-            adopt.stdout.close()
+            for proc in adopters:
+                if proc.stdin is not None:
+                    proc.stdin.close()
+                proc.wait(30)
+            for reader in readers:
+                reader.join(30)
+            for proc in adopters:
+                if proc.stdout is not None:
+                    proc.stdout.close()
     return out
 
 
 def case_steerable(quick: bool) -> Result:
-    """W11 with the default wake interval and `lease_ttl=1`."""
-    samples = measure(2 if quick else 10, TTL)
-    bound = TTL + TTL / 3 + 0.5
-    expect(max(samples) <= bound + (5.0 if quick else 0.0), f"W11: takeovers {samples}")
+    """W11 with `lease_ttl=1`: owners of 10 runs SIGKILLed, two adopters."""
+    kills, runs = (2, 3) if quick else (50, 10)
+    samples = measure(kills, runs, TTL)
+    bound = TTL + 1.0
+    expect(quick or max(samples) <= bound, f"W11: a takeover took {max(samples):.3f}s")
     return {
         "metrics": {
             "takeover_ms": metric([s * 1e3 for s in samples], "ms"),
             "takeover_per_ttl": metric([s / TTL for s in samples], "x TTL"),
             "floor_pass_ms": metric([TTL / 3 * 1e3], "ms"),
         },
-        "config": f"SqliteStore, lease_ttl={TTL}, adopt_orphans=True, SIGKILL",
+        "config": f"SqliteStore, lease_ttl={TTL}, 2 adopters, {kills} kills x {runs} runs",
     }
 
 
@@ -146,10 +173,11 @@ CASES = {"steerable": case_steerable}
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--ttl", type=float, default=TTL)
     args = parser.parse_args()
-    samples = sorted(measure(args.runs, args.ttl))
+    samples = sorted(measure(args.kills, args.runs, args.ttl))
     p50 = samples[len(samples) // 2]
     print(
         f"W11 SIGKILL -> adopter's checkpoint: p50 {p50 * 1e3:.0f} ms, max "
@@ -160,7 +188,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--owner":
-        owner(sys.argv[2], float(sys.argv[3]))
+        owner(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]))
     elif len(sys.argv) > 1 and sys.argv[1] == "--adopter":
         adopter(sys.argv[2], float(sys.argv[3]))
     else:
