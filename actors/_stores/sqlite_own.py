@@ -119,7 +119,7 @@ class SqliteOwnership:
                 (self._now() + ttl, owner.instance_id),
             )
             rows = conn.execute(
-                "SELECT run_id, epoch FROM leases WHERE owner=? AND expires_at>0",
+                "SELECT run_id, epoch, expires_at FROM leases WHERE owner=?",
                 (owner.instance_id,),
             ).fetchall()
             conn.execute("COMMIT")
@@ -127,11 +127,16 @@ class SqliteOwnership:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        mine = dict(rows)
+        mine = {run_id: epoch for run_id, epoch, expires_at in rows if expires_at > 0}
+        ours = {run_id for run_id, _, _ in rows}
         lost: set[str] = set()
         with self._held_lock:
             for run_id in run_ids:
                 held = self._held.get(run_id)
+                if held is None and run_id in ours:
+                    # Its terminal write (or a release) just gave the lease up, still ours:
+                    # the run is ending here, not taken (the keeper forgets it as it ends).
+                    continue
                 if held is None or held[0].instance_id != owner.instance_id:
                     lost.add(run_id)
                 elif mine.get(run_id) != held[1] and not (held[1] == 1 and run_id not in mine):

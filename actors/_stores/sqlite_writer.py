@@ -14,7 +14,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from steerable.protocol import AgentError, ErrorCode, RunState, SteerableError, 
 from steerable.protocol._codec import encode, encode_body
 
 from .lease import Owner
-from .sqlite_events import apply_events
+from .sqlite_events import EVENTS_WAKE, apply_events
 from .sqlite_files import notify_failed, notify_stored, transient, unavailable
 from .sqlite_rows import checksum
 from .store import split_snapshot
@@ -48,6 +48,10 @@ class SqliteWriter:
     """The writer thread's side of `SqliteStore` (which opens the connection and queues)."""
 
     path: Path
+    _take_events: Callable[[bool], list[tuple[Any, Any, Any]]]
+    """The stored events due (or all, forced) for the next commit (`SqliteEvents`)."""
+    _events_due: Callable[[], float | None]
+    """When the oldest waiting event is due (monotonic), None if none waits."""
     _queue: queue.SimpleQueue[Any]
     _writer_conn: sqlite3.Connection
     _max_batch: int
@@ -75,10 +79,21 @@ class SqliteWriter:
         conn = self._writer_conn
         try:
             while True:
-                item = self._queue.get()
+                # Stored events ride with the commits of the next EVENT_DELAY at most, then
+                # go in one batch: encoding and writing them per step would hold every
+                # checkpoint's commit back (docs/benchmarks.md W1).
+                due = self._events_due()
+                try:
+                    if due is None:
+                        item = self._queue.get()
+                    else:
+                        item = self._queue.get(timeout=max(0.0, due - time.monotonic()))
+                except queue.Empty:
+                    item = EVENTS_WAKE
                 if item is _STOP:
+                    self._commit_events(conn, force=True)
                     return
-                batch = [item]
+                batch = [] if item is EVENTS_WAKE else [item]
                 stop = False
                 while len(batch) < self._max_batch:
                     try:
@@ -88,12 +103,24 @@ class SqliteWriter:
                     if more is _STOP:
                         stop = True
                         break
-                    batch.append(more)
-                self._commit(conn, batch)
+                    if more is not EVENTS_WAKE:
+                        batch.append(more)
+                # A flush (a read, close) wants every event written before it returns.
+                force = stop or any(op[0] == "flush" for op, _, _ in batch)
+                batch.extend(self._take_events(force))
+                if batch:
+                    self._commit(conn, batch)
                 if stop:
+                    self._commit_events(conn, force=True)
                     return
         finally:
             conn.close()
+
+    def _commit_events(self, conn: sqlite3.Connection, *, force: bool) -> None:
+        """Commit the events still waiting (at the writer's stop)."""
+        events = self._take_events(force)
+        if events:
+            self._commit(conn, events)
 
     def _commit(self, conn: sqlite3.Connection, batch: list[tuple[Any, Any, Any]]) -> None:
         refused: dict[int, SteerableError] = {}
