@@ -21,13 +21,14 @@ import pytest
 
 from steerable.actors import Runtime, SqliteStore
 from steerable.actors._cli.cli import main
-from steerable.protocol import ErrorCode, SteerableError
+from steerable.actors.testing import ScriptedAgent
+from steerable.protocol import ErrorCode, Finish, SteerableError
 from steerable.protocol._codec import FORMAT_VERSION, MAGIC, decode_body, encode_body
 
 if TYPE_CHECKING:  # mypy resolves the kit as tests.* (explicit package bases)
-    from tests.test_stores import notes, snapshot
+    from tests.test_stores import notes, snapshot, texts
 else:  # pytest puts tests/ on sys.path (rootdir "prepend" import mode)
-    from test_stores import notes, snapshot
+    from test_stores import notes, snapshot, texts
 
 RUN = "run_crafted"
 KEYS = 2_000_000
@@ -202,10 +203,23 @@ def test_a_crafted_entry_is_checkpoint_corrupt_naming_the_run(
     )
     store = SqliteStore(path)
     try:
-        error = _refused(lambda: store.load(RUN))
-        assert "entry" in error.error.message
+        # The checksums hold, so the load succeeds; entries are decoded when read (W4), and
+        # reading the crafted one is refused, every time, as an eager load refused it.
+        stored = store.load(RUN)
+        assert len(stored.transcript) == 2
+        assert texts(stored.transcript[:1]) == [f"{RUN}/0"]
+        for read in (lambda: stored.transcript[1], lambda: list(stored.transcript)):
+            error = _refused(read)
+            assert "entry 1" in error.error.message
     finally:
         store.close()
+    agent = ScriptedAgent([], then=Finish(output="x"), name="agent")
+    with Runtime(store=SqliteStore(path)) as rt:
+        _refused(lambda: rt.replay(RUN))
+        _refused(lambda: rt.fork(RUN, agent=agent))
+        for _ in range(2):  # a refused resume leaves nothing live behind
+            _refused(lambda: rt.resume(RUN, agent=agent, override=True))
+        assert rt.unfinished() == [RUN]
     for command in (["show", "--db", str(path), RUN], ["replay", "--db", str(path), RUN]):
         assert main(command) == 2
         err = capsys.readouterr().err

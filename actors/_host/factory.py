@@ -378,10 +378,15 @@ class RunFactory:
         if stored is None:
             return machine
         machine.restore(
-            stored, fork=launch.fork, arguments=launch.arguments, children=launch.children
+            stored,
+            fork=launch.fork,
+            arguments=launch.arguments,
+            children=launch.children,
+            # A wake keeps the deadline the host held in memory.
+            deadline_left=max(0.0, entry.deadline - self.services.clock.now())
+            if launch.wake and entry.deadline is not None
+            else None,
         )
-        if launch.wake and entry.deadline is not None:
-            machine._deadline_left = max(0.0, entry.deadline - self.services.clock.now())
         if not launch.wake:
             # The host may approve as soon as resume() or fork() returns, before the run
             # announces its approvals again: the table is filled here, from the restored plan

@@ -1,8 +1,8 @@
-"""Shared pieces of the run machine: the call record, stages, and the state every part reads.
+"""Shared pieces of the run machine: keys, the call record, and the errors a call can end with.
 
-`RunMachine` is assembled from three parts along its seams: the loop (`_machine.py`), plan
-execution (`_execute.py`) and persistence (`_persist.py`). `MachineBase` declares the state
-they share, so each part type-checks on its own; only the loop's `__init__` assigns it.
+`Call` is a plain slotted record of one call of the current plan. Only `PlanState`
+(`plan.py`) changes a call once it is part of a plan: it derives the count of running calls
+from the status changes it makes (docs/architecture.md, "The run machine").
 """
 
 from __future__ import annotations
@@ -14,37 +14,27 @@ from typing import Any, Protocol
 from steerable.protocol import (
     AgentError,
     CallStatus,
-    CapabilitySnapshot,
-    Compatibility,
     ErrorCode,
-    EventKind,
-    ForkOrigin,
-    HostMessage,
-    Phase,
-    RunConfig,
-    RunState,
+    SideEffect,
     SubagentResult,
     ToolResult,
     ToolSpec,
-    TranscriptEntry,
-    Usage,
-    UserMessage,
-    WaitingFor,
 )
-
-from .effects import Effects
-from .stage import Stage
 
 __all__ = [
     "MODEL_KEY",
+    "PLAN_KEY",
+    "RUN_KEY",
     "Call",
-    "MachineBase",
-    "Stage",
     "ToolLike",
     "call_error",
     "cancelled",
     "jitter_unit",
+    "lost_on_resume",
+    "named_error",
     "stopped_by_deadline",
+    "stopped_by_run_deadline",
+    "timed_out",
 ]
 
 MODEL_KEY = "model"
@@ -63,7 +53,7 @@ class ToolLike(Protocol):
 
 
 class Call:
-    """One call of the current plan. Mutable: only the machine touches it."""
+    """One call of a plan. Built with its initial state; then changed only by `PlanState`."""
 
     __slots__ = (
         "arguments",
@@ -93,6 +83,12 @@ class Call:
         arguments: dict[str, Any],
         key: str,
         spec: ToolSpec | None,
+        *,
+        status: CallStatus | None = None,
+        result: ToolResult | SubagentResult | None = None,
+        attempt: int = 0,
+        counted: bool = False,
+        child: str | None = None,
     ) -> None:
         self.index = index
         self.call_id = call_id
@@ -101,15 +97,17 @@ class Call:
         self.arguments = arguments
         self.key = key
         self.spec = spec
-        self.status = CallStatus.PENDING
-        self.attempt = 0
-        self.result: ToolResult | SubagentResult | None = None
-        self.first_dispatch = 0.0
         self.needs_approval = spec is not None and spec.requires_approval
+        if status is None:
+            status = CallStatus.AWAITING_APPROVAL if self.needs_approval else CallStatus.PENDING
+        self.status = status
+        self.attempt = attempt
+        self.result = result
+        self.first_dispatch = 0.0
         self.cancel_reason: str | None = None
         self.retry_pending = False
-        self.counted = False
-        self.child: str | None = None  # a subagent call's child run id, once started
+        self.counted = counted
+        self.child = child  # a subagent call's child run id, once known
 
     def snapshot(self) -> dict[str, Any]:
         """The call as a `PlannedCall` body."""
@@ -141,6 +139,15 @@ def call_error(call_id: str, tool: str, error: AgentError, **extra: Any) -> Agen
     )
 
 
+def named_error(result: ToolResult | SubagentResult) -> AgentError | None:
+    """The error of a call's result as the run records it (naming the call), or None."""
+    error = result.error
+    if error is None:
+        return None
+    tool = result.tool if isinstance(result, ToolResult) else result.agent
+    return call_error(result.call_id, tool, error)
+
+
 def stopped_by_deadline(result: ToolResult | SubagentResult | None) -> bool:
     """Whether `result` is that of a call the run's deadline stopped (the run ended there)."""
     error = None if result is None else result.error
@@ -168,143 +175,57 @@ def cancelled(
     )
 
 
-class MachineBase:
-    """The state the machine's parts share, and the loop methods they call across seams."""
-
-    fx: Effects
-    run_id: str
-    trace_id: str
-    task: str
-    agent: str
-    config: RunConfig
-    tools: Mapping[str, ToolLike]
-    session_id: str | None
-    task_id: str | None
-    parent_run_id: str | None
-    depth: int
-    created_at: float
-    compatibility: Compatibility
-    capabilities: CapabilitySnapshot
-    forked_from: ForkOrigin | None
-    _static: dict[str, Any]
-    _static_cache: dict[str, Any] | None
-
-    state: RunState
-    waiting_for: WaitingFor | None
-    _stage: Stage
-    transcript: list[TranscriptEntry]
-    errors: list[AgentError]
-    output: Any
-    revision: int
-    _checkpointed_len: int
-
-    model_calls: int
-    steps: int
-    decisions: int
-    usage: Usage
-    _model_retries: int
-    _model_in_flight: bool
-    _model_discarded: bool
-    _reason_started: float
-    _exec_started: float
-
-    last_seq: int
-    _pending: list[HostMessage]
-    plan: list[Call]
-    _running: int
-    _interrupting: bool
-    _cancel_reason: str | None
-    deadline: float | None
-
-    _m: dict[str, Any]
-    _phase_seconds: dict[str, float]
-    _started_at: float
-    _now: float
-    _deadline_left: float | None
-    _parked_revision: int
-    _holding: bool
-    _unseen: tuple[UserMessage, ...]
-    _fork_waits: bool
-    _call_ids: set[str] | None
-    _deadline_passed: bool
-
-    # Loop methods the other parts call (defined in `_machine.py`).
-    def _enter(self, stage: Stage) -> None:
-        raise NotImplementedError
-
-    def _boundary(self, now: float) -> None:
-        raise NotImplementedError
-
-    def _exhaust(self, budget: str, limit: int | None, **details: Any) -> None:
-        raise NotImplementedError
-
-    def _terminate(self, state: RunState, error: AgentError | None) -> None:
-        raise NotImplementedError
-
-    def _set_state(self, state: RunState, **data: Any) -> None:
-        raise NotImplementedError
-
-    def _maybe_finish_cancel(self, now: float) -> None:
-        raise NotImplementedError
-
-    def _retry_model(self, error: AgentError, now: float) -> bool:
-        raise NotImplementedError
-
-    def _end_by_deadline(self, now: float, killed: set[str] | frozenset[str] = frozenset()) -> None:
-        raise NotImplementedError
-
-    def _record(self, error: AgentError, phase: Phase | None = None, **event: Any) -> None:
-        """R6: every error is recorded on the run, in order, and is an `error` event."""
-        self.errors.append(error)
-        self.fx.emit(
-            EventKind.ERROR, phase, {"code": error.code.value, "message": error.message, **event}
+def timed_out(call: Call, *, killed: bool) -> AgentError:
+    """The error of a call past its own timeout (R15): `side_effect_unknown` for a write."""
+    spec = call.spec
+    gone: dict[str, Any] = {"killed": True} if killed else {"abandoned": True}
+    if spec is not None and spec.side_effect is SideEffect.WRITE:
+        return AgentError.of(
+            ErrorCode.SIDE_EFFECT_UNKNOWN,
+            f"{call.name} timed out; its side effect may or may not have happened",
+            tool=call.name,
+            call_id=call.call_id,
+            side_effect="unknown",
+            idempotency_key=call.key,
+            **gone,
         )
+    return AgentError.of(
+        ErrorCode.TIMEOUT,
+        f"{call.name} timed out",
+        retryable=True,
+        tool=call.name,
+        call_id=call.call_id,
+        **gone,
+    )
 
-    def _record_result(
-        self, result: ToolResult | SubagentResult, phase: Phase | None, *, silent: bool = False
-    ) -> None:
-        """Record the error of a call's result (if it failed), naming the call.
 
-        `silent`: on restore, which emits nothing (the error's event was the crashed run's).
-        """
-        error = result.error
-        if error is None:
-            return
-        tool = result.tool if isinstance(result, ToolResult) else result.agent
-        error = call_error(result.call_id, tool, error)
-        if silent:
-            self.errors.append(error)
-        else:
-            self._record(error, phase, call_id=result.call_id)
+def stopped_by_run_deadline(call: Call, *, killed: bool) -> AgentError:
+    """The error of a call without a result when the run's deadline ends the run."""
+    return AgentError.of(
+        ErrorCode.TIMEOUT,
+        f"{call.name} was stopped by the run's deadline",
+        tool=call.name,
+        call_id=call.call_id,
+        scope="run",
+        **({"killed": True} if killed else {}),
+    )
 
-    def _add_phase(self, phase: Phase, seconds: float) -> None:
-        raise NotImplementedError
 
-    def _checkpoint(self) -> None:
-        raise NotImplementedError
-
-    def host(self, msg: HostMessage, now: float) -> None:
-        raise NotImplementedError
-
-    # Execution methods the persistence part calls (defined in `_execute.py`).
-    def _after_call(self, now: float) -> None:
-        raise NotImplementedError
-
-    def _complete(
-        self, call: Call, value: Any, error: AgentError | None, now: float, *, advance: bool = True
-    ) -> None:
-        raise NotImplementedError
-
-    def pending_approvals(self) -> list[Call]:
-        raise NotImplementedError
-
-    def _find(self, call_id: str) -> Call | None:
-        raise NotImplementedError
-
-    @property
-    def in_flight(self) -> bool:
-        """Whether a model call or a tool call is under way."""
-        return self._model_in_flight or self._running > 0
-
-    def _note(self, text: str, **data: Any) -> None:
-        raise NotImplementedError
+def lost_on_resume(call: Call) -> AgentError:
+    """The error of a call that was running when the process stopped and cannot run again."""
+    if call.spec is None:
+        return AgentError.of(
+            ErrorCode.UNKNOWN_TOOL,
+            f"no tool named {call.name!r} after resume",
+            tool=call.name,
+            call_id=call.call_id,
+        )
+    return AgentError.of(
+        ErrorCode.SIDE_EFFECT_UNKNOWN,
+        f"{call.name} was running when the process stopped; its side effect may or "
+        "may not have happened",
+        tool=call.name,
+        call_id=call.call_id,
+        idempotency_key=call.key,
+        side_effect="unknown",
+    )

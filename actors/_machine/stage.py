@@ -44,7 +44,13 @@ STAGE_TRANSITIONS: dict[Stage, frozenset[Stage]] = {
 }
 
 
+_SUCCESSORS = [tuple(STAGE_TRANSITIONS[stage]) for stage in sorted(Stage, key=lambda s: s.value)]
+"""`STAGE_TRANSITIONS` by stage value, as tuples: the check runs a few times per step, and an
+`Enum` member's hash and `.value` are Python calls (`_value_` is its plain attribute; a
+tuple's `in` compares by identity first)."""
+
+
 def check_stage(current: Stage, new: Stage) -> None:
     """Raise `RuntimeError` (a defect: the supervisor ends the run) on an illegal move."""
-    if new is not current and new not in STAGE_TRANSITIONS[current]:
+    if new is not current and new not in _SUCCESSORS[current._value_]:
         raise RuntimeError(f"illegal stage move {current.name} -> {new.name}")

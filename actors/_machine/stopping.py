@@ -1,212 +1,139 @@
-"""Stopping work in the run machine: cancellation (R18), the grace period, model and run
-timeouts (R14, R15), and abandoning work that does not stop (T3)."""
+"""Stopping a run: cancellation (R18), the grace periods, and the run's deadline (R14, R15).
+
+`Stopping` owns the run's cancel reason; it stops the model call (`Reasoning`) and the plan's
+calls (`Execution`) and ends the run through the machine (docs/steering.md, "Cancel").
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from steerable.protocol import (
-    AgentError,
-    CallStatus,
-    ErrorCode,
-    EventKind,
-    Phase,
-    RunState,
-)
+from steerable.protocol import AgentError, ErrorCode, EventKind, RunState
 
-from .base import (
-    MODEL_KEY,
-    PLAN_KEY,
-    RUN_KEY,
-    MachineBase,
-    Stage,
-    cancelled,
-    jitter_unit,
-)
+from .base import MODEL_KEY, PLAN_KEY, RUN_KEY
 from .effects import TimerKind
+from .stage import Stage
 
-__all__ = ["StoppingMixin"]
+if TYPE_CHECKING:
+    from .execute import Execution
+    from .machine import RunMachine
+    from .reasoning import Reasoning
 
-_MAX_RETRY_AFTER = 3600.0
-"""A provider's Retry-After beyond an hour is not waited for literally (the deadline rules)."""
+__all__ = ["Stopping"]
 
 
-class StoppingMixin(MachineBase):
-    """The run machine's cancellation and timeouts (see `RunMachine`)."""
+class Stopping:
+    """Cancellation, grace periods and the deadline of one run.
 
-    def _on_cancel(self, reason: str, now: float) -> None:
-        if self._cancel_reason is not None:
+    Attributes:
+        reason: Why the run is being cancelled (None: it is not).
+    """
+
+    __slots__ = ("_exec", "_machine", "_model", "reason")
+
+    def __init__(self, machine: RunMachine, model: Reasoning, execution: Execution) -> None:
+        self._machine = machine
+        self._model = model
+        self._exec = execution
+        self.reason: str | None = None
+
+    def work_in_flight(self) -> list[str]:
+        """Work keys of everything running: calls on workers, and the model call."""
+        keys = self._exec.work_in_flight()
+        if self._model.busy:
+            keys.append(MODEL_KEY)
+        return keys
+
+    def abandon_all(self) -> None:
+        """A defect ends the run at once: all work is signalled and abandoned."""
+        fx = self._machine.fx
+        for key in self.work_in_flight():
+            fx.cancel_work(key, "aborted")
+            fx.abandon_work(key)
+        self._model.end()
+
+    def cancel(self, reason: str, now: float) -> None:
+        """The host cancelled: signal everything, wait `cancel_grace`, then end the run."""
+        if self.reason is not None:
             return
-        self._cancel_reason = reason
-        if self._model_in_flight:
-            self.fx.cancel_work(MODEL_KEY, reason)
-        for call in self.plan:
-            if call.retry_pending:
-                self._complete(call, None, cancelled(reason, call), now, advance=False)
-            elif call.status is CallStatus.RUNNING:
-                self.fx.cancel_work(call.call_id, reason)
-        if self.in_flight:
-            self._enter(Stage.CANCELLING)
-            self.fx.schedule(TimerKind.GRACE, RUN_KEY, 0, now + self.config.cancel_grace)
+        self.reason = reason
+        m = self._machine
+        if self._model.busy:
+            m.fx.cancel_work(MODEL_KEY, reason)
+        self._exec.cancel(reason, now)
+        if m.in_flight:
+            m.enter(Stage.CANCELLING)
+            m.fx.schedule(TimerKind.GRACE, RUN_KEY, 0, now + m.config.cancel_grace)
         else:
-            self._finish_cancel(now, abandoned=[])
+            self.finish(now, abandoned=[])
 
-    def _on_model_timeout(self, now: float) -> None:
-        self._model_in_flight = False
-        self.fx.cancel_work(MODEL_KEY, "timeout")
-        self.fx.abandon_work(MODEL_KEY)
-        self._add_phase(Phase.REASON, now - self._reason_started)
-        if self._stage is Stage.CANCELLING:
-            self._model_discarded = False
-            self._maybe_finish_cancel(now)  # a cancel is final: no retry, no new model call
-            return
-        self._enter(Stage.IDLE)
-        error = AgentError.of(
-            ErrorCode.PROVIDER_TIMEOUT,
-            f"decide took longer than {self.config.model_timeout}s",
-            model_call=self.model_calls,
-        )
-        if self._model_discarded:
-            self._model_discarded = False
-            self.fx.unschedule(TimerKind.GRACE, MODEL_KEY)  # the interrupt's wait is over
-            self._boundary(now)
-            return
-        if not self._retry_model(error, now):
-            self._terminate(RunState.ERROR, error)
-
-    def _retry_model(self, error: AgentError, now: float) -> bool:
-        """Schedule a new model call after a retryable failure; False when retries ran out.
-
-        The delay is the policy's backoff, never shorter than a provider's `retry_after`
-        (seconds, in the error's details), and never past the run's deadline.
-        """
-        policy = self.config.retry
-        self._model_retries = retry = self._model_retries + 1
-        at = now + policy.delay(retry, jitter_unit(self.run_id, retry))
-        retry_after = error.details.get("retry_after")
-        if isinstance(retry_after, int | float) and not isinstance(retry_after, bool):
-            at = max(at, now + min(float(retry_after), _MAX_RETRY_AFTER))
-        if retry > policy.max_retries or (self.deadline is not None and at >= self.deadline):
-            return False
-        self._m["retries"] += 1
-        retried = error.model_copy(
-            update={"details": {**error.details, "retried": True, "retry": retry}}
-        )
-        self.errors.append(retried)  # R6; its event says when the retry comes
-        self.fx.emit(
-            EventKind.ERROR,
-            Phase.REASON,
-            {"code": error.code.value, "retry": retry, "delay": at - now},
-        )
-        self.fx.schedule(TimerKind.MODEL_RETRY, MODEL_KEY, retry, at)
-        return True
-
-    def _on_deadline(self, now: float) -> None:
+    def deadline(self, now: float) -> None:
+        """The run's total timeout fired: everything in flight is given up on."""
+        fx = self._machine.fx
         killed: set[str] = set()
-        for key in self._work_in_flight():
-            self.fx.cancel_work(key, "timeout")
-            if self.fx.abandon_work(key):
+        for key in self.work_in_flight():
+            fx.cancel_work(key, "timeout")
+            if fx.abandon_work(key):
                 killed.add(key)
-        self._model_in_flight = False
-        self._end_by_deadline(now, killed)
+        self._model.end()
+        self.end_by_deadline(now, killed)
 
-    def _end_by_deadline(self, now: float, killed: set[str] | frozenset[str] = frozenset()) -> None:
-        """End the run in ERROR `timeout`: every call without a result is stopped by it.
-
-        Its calls' results are journaled before the terminal checkpoint: a resume that finds
-        one (`stopped_by_deadline`) ends the run here too, as the crashed process did.
-        """
-        for call in self.plan:
-            if call.status is not CallStatus.DONE:
-                error = AgentError.of(
-                    ErrorCode.TIMEOUT,
-                    f"{call.name} was stopped by the run's deadline",
-                    tool=call.name,
-                    call_id=call.call_id,
-                    scope="run",
-                    **({"killed": True} if call.call_id in killed else {}),
-                )
-                self._complete(call, None, error, now, advance=False)
-        self._terminate(
+    def end_by_deadline(self, now: float, killed: set[str] | frozenset[str] = frozenset()) -> None:
+        """End the run in ERROR `timeout`; its calls without a result are stopped by it."""
+        self._exec.stop_by_deadline(now, killed)
+        timeout = self._machine.config.total_timeout
+        self._machine.terminate(
             RunState.ERROR,
             AgentError.of(
                 ErrorCode.TIMEOUT,
-                f"the run took longer than {self.config.total_timeout}s",
+                f"the run took longer than {timeout}s",
                 scope="run",
-                total_timeout=self.config.total_timeout,
+                total_timeout=timeout,
             ),
         )
 
-    def _on_grace(self, key: str, now: float) -> None:
-        if key == MODEL_KEY and self._model_discarded and self._model_in_flight:
-            self.fx.abandon_work(MODEL_KEY)
-            self._model_in_flight = False
-            self._model_discarded = False
-            self.fx.unschedule(TimerKind.MODEL_TIMEOUT, MODEL_KEY)
-            if self._stage is Stage.CANCELLING:
-                self._finish_cancel(now, abandoned=[MODEL_KEY])  # the model never answered
+    def grace(self, key: str, now: float) -> None:
+        """A grace period ended: what did not stop is abandoned (or killed)."""
+        m = self._machine
+        model = self._model
+        if key == MODEL_KEY and model.discarded and model.busy:
+            m.fx.abandon_work(MODEL_KEY)
+            model.end()
+            model.keep()
+            m.fx.unschedule(TimerKind.MODEL_TIMEOUT, MODEL_KEY)
+            if m.stage is Stage.CANCELLING:
+                self.finish(now, abandoned=[MODEL_KEY])  # the model never answered
                 return
-            self._enter(Stage.IDLE)
-            self._note(f"model call {self.model_calls} was interrupted by a user message")
-            self._boundary(now)
-        elif key == PLAN_KEY and self._interrupting and self._stage is Stage.EXECUTING:
-            for call in self.plan:
-                if call.status is CallStatus.RUNNING:
-                    self.fx.unschedule(TimerKind.TOOL_TIMEOUT, call.call_id)
-                    was_killed = bool(self.fx.abandon_work(call.call_id))
-                    self._complete(
-                        call,
-                        None,
-                        cancelled("interrupt", call, abandoned=True, killed=was_killed),
-                        now,
-                        advance=False,
-                    )
-            self._after_call(now)
-        elif key == RUN_KEY and self._stage is Stage.CANCELLING:
+            m.enter(Stage.IDLE)
+            m.note(f"model call {m.model_calls} was interrupted by a user message")
+            m.boundary(now)
+        elif key == PLAN_KEY:
+            self._exec.interrupt_grace(now)
+        elif key == RUN_KEY and m.stage is Stage.CANCELLING:
             abandoned: list[str] = []
             stopped: list[str] = []
-            for work in self._work_in_flight():
-                (stopped if self.fx.abandon_work(work) else abandoned).append(work)
-            self._model_in_flight = False
-            self._finish_cancel(now, abandoned=abandoned, killed=stopped)
+            for work in self.work_in_flight():
+                (stopped if m.fx.abandon_work(work) else abandoned).append(work)
+            model.end()
+            self.finish(now, abandoned=abandoned, killed=stopped)
 
-    def _maybe_finish_cancel(self, now: float) -> None:
-        if not self.in_flight:
-            self._finish_cancel(now, abandoned=[])
+    def maybe_finish(self, now: float) -> None:
+        """End a cancelled run once nothing is in flight."""
+        if not self._machine.in_flight:
+            self.finish(now, abandoned=[])
 
-    def _finish_cancel(
-        self, now: float, abandoned: list[str], killed: list[str] | None = None
-    ) -> None:
-        reason = self._cancel_reason or "cancelled"
-        self.fx.unschedule(TimerKind.GRACE, RUN_KEY)
-        for call in self.plan:
-            if call.status is not CallStatus.DONE:
-                self._complete(
-                    call,
-                    None,
-                    cancelled(
-                        reason,
-                        call,
-                        abandoned=call.call_id in abandoned,
-                        killed=killed is not None and call.call_id in killed,
-                    ),
-                    now,
-                    advance=False,
-                )
+    def finish(self, now: float, abandoned: list[str], killed: list[str] | None = None) -> None:
+        """The cancel is final: the calls end `cancelled`, then the run."""
+        m = self._machine
+        reason = self.reason or "cancelled"
+        m.fx.unschedule(TimerKind.GRACE, RUN_KEY)
+        self._exec.cancel_all(reason, abandoned, killed, now)
         data: dict[str, Any] = {"reason": reason, "abandoned": abandoned}
         details: dict[str, Any] = {"reason": reason, "abandoned": abandoned}
         if killed:  # only when a call was killed: thread-only runs record what they always did
             data["killed"] = details["killed"] = killed
-        self.fx.emit(EventKind.RUN_CANCELLED, None, data)
-        self._terminate(
+        m.fx.emit(EventKind.RUN_CANCELLED, None, data)
+        m.terminate(
             RunState.CANCELLED,
             AgentError.of(ErrorCode.CANCELLED, f"run cancelled: {reason}", **details),
         )
-
-    def _work_in_flight(self) -> list[str]:
-        keys = [
-            c.call_id for c in self.plan if c.status is CallStatus.RUNNING and not c.retry_pending
-        ]
-        if self._model_in_flight:
-            keys.append(MODEL_KEY)
-        return keys

@@ -24,13 +24,14 @@ from steerable.protocol import (
 from .events import EventRecord, MemoryEvents
 from .lease import Lease, LeaseTable, Owner
 from .store import (
-    _STATIC,
     STATIC_KEYS,
+    TERMINAL_STATES,
     CheckpointStore,
     RevisionInfo,
     RunSummary,
     _validated,
     check_record,
+    dynamic_part,
     not_found,
 )
 
@@ -154,7 +155,7 @@ class MemoryStore(CheckpointStore):
         on_failed: Callable[[AgentError], None] | None = None,
     ) -> None:
         del on_failed  # stored before this returns, or it raises
-        dynamic = {k: v for k, v in snapshot.items() if k not in _STATIC}
+        dynamic = dynamic_part(snapshot)  # what a durable store writes per revision (W4)
         with self._lock:
             if not self._leases.check(run_id, self._ttl, snapshot["agent"]):
                 fenced = True
@@ -186,7 +187,7 @@ class MemoryStore(CheckpointStore):
         run.revisions.append(dynamic)
         if not snapshot["plan"]:
             run.journal.clear()  # the plan's results are in the transcript now
-        if RunState(snapshot["state"]).is_terminal:
+        if snapshot["state"] in TERMINAL_STATES:
             self._leases.ended(run_id)
 
     # ------------------------------------------------------------------ ownership

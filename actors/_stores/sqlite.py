@@ -18,7 +18,6 @@ lives in sqlite_writer.py, the reads in sqlite_reads.py, leases in sqlite_own.py
 from __future__ import annotations
 
 import os
-import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -43,7 +42,7 @@ from .sqlite_events import SqliteEvents
 from .sqlite_files import private_file, unavailable
 from .sqlite_own import SqliteOwnership
 from .sqlite_reads import SqliteReads
-from .sqlite_writer import _ATTEMPT_BUSY, _STOP, SqliteWriter
+from .sqlite_writer import _ATTEMPT_BUSY, _STOP, SqliteWriter, WriteQueue
 from .store import CheckpointStore, check_record
 
 __all__ = ["SCHEMA_VERSION", "SqliteStore", "default_db_path"]
@@ -117,7 +116,7 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
         self._synchronous = synchronous.upper()
         self._max_batch = max_batch
         self._write_timeout = float(write_timeout)
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._queue = WriteQueue()
         self._local = threading.local()
         self._closed = False
         self._closing = threading.Event()
@@ -134,6 +133,14 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
         self._held_lock = threading.Lock()
         self._ttl = 5.0
         self._fenced_now: set[str] = set()  # the last transaction's fenced runs (writer only)
+        self._entries_len: dict[str, tuple[int, int]] = {}
+        """Runs whose entries this writer wrote last: run id -> (lease epoch, entry count)."""
+        self._journal_empty: dict[str, int] = {}
+        """Runs whose journal this writer cleared and wrote nothing to since: run id -> epoch."""
+        self._write_lock = threading.Lock()
+        """Held for each transaction on the writer's connection (the writer thread's, or a
+        host message's committed on its sender's thread)."""
+        self._conn_closed = False
         conn = self._open()
         self._writer_conn = conn
         self._thread = threading.Thread(
@@ -220,14 +227,13 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
         """
         check_record(message)
         self._check_open()
+        blob = encode(message, kind="host_message")
+        if self._given_up is None and self._store_now(run_id, message.seq, blob, message_id):
+            return
+        # The writer retries it (or gives it up) as any write; a store whose last write was
+        # given up queues at once, so the writer's short probe answers.
         done: Future[None] = Future()
-        self._queue.put(
-            (
-                ("inbox", run_id, message.seq, encode(message, kind="host_message"), message_id),
-                done,
-                None,
-            )
-        )
+        self._queue.put((("inbox", run_id, message.seq, blob, message_id), done, None))
         done.result()
 
     def journal(
@@ -270,8 +276,12 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued write is committed (or given up)."""
-        if self._closed or not self._thread.is_alive():
-            return True
+        if (
+            self._closed
+            or not self._thread.is_alive()
+            or (self._queue.idle() and self._events_due() is None)
+        ):
+            return True  # nothing queued before this call is left (a fresh process's load)
         done: Future[None] = Future()
         self._queue.put((("flush",), done, None))
         try:

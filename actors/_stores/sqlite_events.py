@@ -8,12 +8,11 @@ epoch. The `events` table keeps the last `event_retention` events of each run's 
 
 from __future__ import annotations
 
-import queue
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from steerable.actors._engine.log import get_logger
 from steerable.protocol import AgentError, RunEvent, RunState
@@ -22,6 +21,9 @@ from steerable.protocol._codec import encode_body
 from .events import EventRecord, event_body
 from .sqlite_rows import checksum, decoded
 from .store import corrupt_row, not_found
+
+if TYPE_CHECKING:
+    from .sqlite_writer import WriteQueue
 
 __all__ = ["EVENTS_WAKE", "EVENT_DELAY", "SqliteEvents", "apply_events"]
 
@@ -65,7 +67,7 @@ def apply_events(
 class SqliteEvents:
     """Stored events for `SqliteStore` (which provides the connections and the writer)."""
 
-    _queue: queue.SimpleQueue[Any]
+    _queue: WriteQueue
     _events_lock = threading.Lock()  # one for the process: held for a list append
     stores_events = True
     event_retention: int

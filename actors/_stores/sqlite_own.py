@@ -8,19 +8,18 @@ owns (docs/durability.md, "Ownership" and "Steering from any process").
 
 from __future__ import annotations
 
-import queue
 import socket
 import sqlite3
 import threading
 import time
 import zlib
 from collections.abc import Collection
-from typing import Any
 
 from steerable.protocol import AgentError, ErrorCode, HostMessage, RunState, SteerableError
 from steerable.protocol._codec import decode, encode
 
 from .lease import Lease, Owner, owner_gone, run_owned
+from .sqlite_writer import WriteQueue
 from .store import not_found
 
 __all__ = ["SqliteOwnership"]
@@ -32,7 +31,7 @@ class SqliteOwnership:
     _held: dict[str, tuple[Owner, int]]
     _held_lock: threading.Lock
     _ttl: float
-    _queue: queue.SimpleQueue[Any]
+    _queue: WriteQueue
     _closed: bool
 
     def _reader(self) -> sqlite3.Connection:

@@ -11,7 +11,7 @@ import functools
 import sqlite3
 from typing import TYPE_CHECKING
 
-from .sqlite_rows import checked, decoded, named, revision_info, summary
+from .sqlite_rows import checked, decoded, lazy_entries, named, revision_info, summary
 from .store import RevisionInfo, RunSummary, StoredRun, corrupt_row, join_snapshot, not_found
 
 __all__ = ["SqliteReads"]
@@ -81,17 +81,9 @@ class SqliteReads:
             conn.execute("COMMIT")
         if snapshot.revision != wanted:
             raise corrupt_row(run_id, at, f"the row holds revision {snapshot.revision}")
-        if len(entries) != snapshot.transcript_len or any(
-            idx != i for i, (idx, _, _) in enumerate(entries)
-        ):
-            raise corrupt_row(
-                run_id,
-                at,
-                f"transcript has {len(entries)} of {snapshot.transcript_len} entries",
-            )
         return StoredRun(
             snapshot=snapshot,
-            transcript=[decoded(b, c, run_id, at, f"entry {i}", "entry") for i, b, c in entries],
+            transcript=lazy_entries(entries, snapshot.transcript_len, run_id, at),
             journal={
                 cid: decoded(b, c, run_id, at, f"journal {cid}", "entry") for cid, b, c in journal
             },

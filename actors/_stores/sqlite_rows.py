@@ -4,15 +4,25 @@ becomes `checkpoint_corrupt` naming the run and revision (docs/reliability.md, "
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from steerable.protocol import AgentError, ErrorCode, RunState, SteerableError
+from steerable.protocol import AgentError, ErrorCode, RunState, SteerableError, TranscriptEntry
 from steerable.protocol._codec import decode, decode_body
+from steerable.protocol._stored import LazyEntries
 
 from .store import RevisionInfo, RunSummary, corrupt_row
 
-__all__ = ["checked", "checksum", "corrupt", "decoded", "named", "revision_info", "summary"]
+__all__ = [
+    "checked",
+    "checksum",
+    "corrupt",
+    "decoded",
+    "lazy_entries",
+    "named",
+    "revision_info",
+    "summary",
+]
 
 _T = TypeVar("_T")
 
@@ -50,6 +60,38 @@ def named(run_id: str, revision: int | None, read: Callable[[], _T]) -> _T:
 def decoded(blob: bytes, crc: int, run_id: str, revision: int | None, what: str, kind: str) -> Any:
     """The record a row holds, checked and validated, or `checkpoint_corrupt` naming it."""
     return named(run_id, revision, lambda: decode(checked(blob, crc, run_id, what), kind=kind))
+
+
+def lazy_entries(
+    rows: Sequence[tuple[Any, Any, Any]], length: int, run_id: str, revision: int | None
+) -> LazyEntries:
+    """Transcript rows `(idx, blob, crc)` (ordered by idx) as a `LazyEntries` of `length`.
+
+    Every row's index and checksum are checked now; each record is decoded and validated when
+    first read (`checkpoint_corrupt` naming the run, revision and entry if it does not).
+
+    Raises:
+        SteerableError: `checkpoint_corrupt` for a missing entry or a failed checksum.
+    """
+    raw: list[bytes] = []
+    crc32 = zlib.crc32
+    for i, (idx, blob, crc) in enumerate(rows):
+        if idx != i or type(idx) is not int:
+            break
+        if type(blob) is not bytes or crc32(blob) != crc:
+            checked(blob, crc, run_id, f"entry {idx}")  # raises
+        raw.append(blob)
+    if len(raw) != length or len(rows) != length:
+        raise corrupt_row(run_id, revision, f"transcript has {len(rows)} of {length} entries")
+
+    def entry(index: int, blob: bytes) -> TranscriptEntry:
+        try:
+            record: TranscriptEntry = decode(blob, kind="entry")
+        except SteerableError as exc:
+            raise corrupt_row(run_id, revision, f"entry {index}: {exc.error.message}") from None
+        return record
+
+    return LazyEntries(raw, entry)
 
 
 def revision_info(run_id: str, revision: int | None, blob: bytes, crc: int) -> RevisionInfo:

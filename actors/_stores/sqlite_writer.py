@@ -19,16 +19,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from steerable.actors._engine.log import get_logger
-from steerable.protocol import AgentError, ErrorCode, RunState, SteerableError, TranscriptEntry
+from steerable.protocol import AgentError, ErrorCode, SteerableError
 from steerable.protocol._codec import encode, encode_body
 
 from .lease import Owner
 from .sqlite_events import EVENTS_WAKE, apply_events
 from .sqlite_files import notify_failed, notify_stored, transient, unavailable
 from .sqlite_rows import checksum
-from .store import split_snapshot
+from .store import STATIC_KEYS, TERMINAL_STATES, dynamic_part
 
-__all__ = ["SqliteWriter"]
+__all__ = ["SqliteWriter", "WriteQueue"]
 
 _log = get_logger("steerable.sqlite")
 
@@ -44,6 +44,32 @@ _FIRST_BACKOFF = 0.01
 _MAX_BACKOFF = 0.5
 
 
+class WriteQueue(queue.SimpleQueue[Any]):
+    """The writer's queue, counting what was put and what the writer is done with, so that
+    a flush with nothing queued returns at once (a fresh process's `load`, W4)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._put = 0
+        self._done = 0
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        with self._lock:  # counted before it can be taken
+            self._put += 1
+        super().put(item, block, timeout)
+
+    def done(self, count: int) -> None:
+        """The writer thread is done with `count` items (committed, refused or given up)."""
+        with self._lock:
+            self._done += count
+
+    def idle(self) -> bool:
+        """Whether every item put so far is done."""
+        with self._lock:
+            return self._done >= self._put
+
+
 class SqliteWriter:
     """The writer thread's side of `SqliteStore` (which opens the connection and queues)."""
 
@@ -52,7 +78,7 @@ class SqliteWriter:
     """The stored events due (or all, forced) for the next commit (`SqliteEvents`)."""
     _events_due: Callable[[], float | None]
     """When the oldest waiting event is due (monotonic), None if none waits."""
-    _queue: queue.SimpleQueue[Any]
+    _queue: WriteQueue
     _writer_conn: sqlite3.Connection
     _max_batch: int
     _write_timeout: float
@@ -67,6 +93,10 @@ class SqliteWriter:
     _held_lock: threading.Lock
     _ttl: float
     _fenced_now: set[str]
+    _write_lock: threading.Lock
+    _conn_closed: bool
+    _entries_len: dict[str, tuple[int, int]]
+    _journal_empty: dict[str, int]
 
     if TYPE_CHECKING:  # provided by SqliteOwnership and CheckpointStore (no stub shadows them)
 
@@ -89,11 +119,12 @@ class SqliteWriter:
                     else:
                         item = self._queue.get(timeout=max(0.0, due - time.monotonic()))
                 except queue.Empty:
-                    item = EVENTS_WAKE
+                    item = None  # the waiting events are due
+                taken = 0 if item is None else 1
                 if item is _STOP:
                     self._commit_events(conn, force=True)
                     return
-                batch = [] if item is EVENTS_WAKE else [item]
+                batch = [] if item is None or item is EVENTS_WAKE else [item]
                 stop = False
                 while len(batch) < self._max_batch:
                     try:
@@ -103,6 +134,7 @@ class SqliteWriter:
                     if more is _STOP:
                         stop = True
                         break
+                    taken += 1
                     if more is not EVENTS_WAKE:
                         batch.append(more)
                 # A flush (a read, close) wants every event written before it returns.
@@ -110,11 +142,14 @@ class SqliteWriter:
                 batch.extend(self._take_events(force))
                 if batch:
                     self._commit(conn, batch)
+                self._queue.done(taken)
                 if stop:
                     self._commit_events(conn, force=True)
                     return
         finally:
-            conn.close()
+            with self._write_lock:
+                conn.close()
+                self._conn_closed = True
 
     def _commit_events(self, conn: sqlite3.Connection, *, force: bool) -> None:
         """Commit the events still waiting (at the writer's stop)."""
@@ -153,29 +188,47 @@ class SqliteWriter:
         deadline = started + budget
         backoff = _FIRST_BACKOFF
         attempt = 0
+        # Encoded once, before the transaction (and not again on a retry): a value the codec
+        # refuses (the entry points check with the same rules, so this is a last line) refuses
+        # that write alone, and the transaction holds the file's write lock only for SQL.
+        try:
+            prepared = [self._prepare(op, i, refused) for i, (op, _, _) in enumerate(batch)]
+        except Exception as exc:  # noqa: BLE001 - reported to every waiter, and logged
+            return self._writer_failed(exc)
+        if all(op is None or op[0] == "flush" for op in prepared):
+            return None  # nothing to write (a flush waits only for what was queued before it)
+        refusals = dict(refused)
+        savepoints = False  # each write in its own savepoint, after an unforeseen ValueError
         while True:
             attempt += 1
             refused.clear()
+            refused.update(refusals)
             self._static_added.clear()
             try:
-                # IMMEDIATE: the fence check reads the lease and the write follows in the same
-                # transaction; a deferred one could not upgrade after another process's claim.
-                conn.execute("BEGIN IMMEDIATE")
-                checked: dict[str, bool] = {}
-                for index, (op, _, _) in enumerate(batch):
-                    why = self._apply_one(conn, op, checked)
-                    if why is not None:
-                        refused[index] = why
-                conn.execute("COMMIT")
+                with self._write_lock:
+                    # IMMEDIATE: the fence check reads the lease and the write follows in the
+                    # same transaction; a deferred one could not upgrade after another
+                    # process's claim.
+                    conn.execute("BEGIN IMMEDIATE")
+                    checked: dict[str, bool] = {}
+                    if savepoints:
+                        for index, op in enumerate(prepared):
+                            why = None if op is None else self._apply_one(conn, op, checked)
+                            if why is not None:
+                                refused[index] = why
+                    else:
+                        self._apply_batch(conn, prepared, checked, refused)
+                    conn.execute("COMMIT")
                 self._fenced_now = {run_id for run_id, ok in checked.items() if not ok}
             except BaseException as exc:  # noqa: BLE001 - reported to every waiter, and logged
-                self._rollback(conn)
+                with self._write_lock:
+                    self._rollback(conn)
+                if isinstance(exc, ValueError) and not savepoints:
+                    savepoints = True  # the same attempt again, write by write
+                    attempt -= 1
+                    continue
                 if not isinstance(exc, sqlite3.Error):
-                    _log.error("sqlite_commit_failed", path=str(self.path), exc_info=True)
-                    self._failed = exc
-                    return SteerableError(
-                        AgentError.of(ErrorCode.INTERNAL_ERROR, f"storing failed: {exc!r}")
-                    )
+                    return self._writer_failed(exc)
                 now = time.monotonic()
                 if transient(exc) and now < deadline and not self._closing.is_set():
                     self._retries += 1
@@ -187,43 +240,143 @@ class SqliteWriter:
                     self._closing.wait(min(backoff, deadline - now))
                     backoff = min(backoff * 2, _MAX_BACKOFF)
                     continue
-                self._given_up = exc
-                self._gave_up += 1
-                seconds = round(now - started, 3)
-                _log.error(
-                    "sqlite_write_given_up",
-                    path=str(self.path),
-                    attempts=attempt,
-                    seconds=seconds,
-                    error=str(exc),
-                )
-                return unavailable(
-                    f"storing in {self.path} failed ({exc}); given up after {attempt} "
-                    f"attempts in {seconds}s",
-                    exc,
-                    path=str(self.path),
-                    attempts=attempt,
-                    transient=transient(exc),
-                )
+                return self._give_up(exc, attempt, round(now - started, 3))
             self._given_up = None
             return None
+
+    def _give_up(self, exc: sqlite3.Error, attempt: int, seconds: float) -> SteerableError:
+        self._given_up = exc
+        self._gave_up += 1
+        _log.error(
+            "sqlite_write_given_up",
+            path=str(self.path),
+            attempts=attempt,
+            seconds=seconds,
+            error=str(exc),
+        )
+        return unavailable(
+            f"storing in {self.path} failed ({exc}); given up after {attempt} "
+            f"attempts in {seconds}s",
+            exc,
+            path=str(self.path),
+            attempts=attempt,
+            transient=transient(exc),
+        )
+
+    def _prepare(
+        self, op: tuple[Any, ...], index: int, refused: dict[int, SteerableError]
+    ) -> tuple[Any, ...] | None:
+        """`op` with its blobs encoded (a checkpoint's), or None if the codec refuses it."""
+        if op[0] != "checkpoint":
+            return op
+        _, run_id, revision, snapshot, entries_from, entries = op
+        try:
+            dynamic = encode_body("snapshot", dynamic_part(snapshot))
+            rows = []
+            for i, entry in enumerate(entries):
+                blob = encode(entry, kind="entry")
+                rows.append((run_id, entries_from + i, blob, checksum(blob)))
+            static = None
+            if run_id not in self._static_written:
+                static = encode_body("snapshot", {key: snapshot[key] for key in STATIC_KEYS})
+        except ValueError as exc:
+            refused[index] = self._codec_refused("checkpoint", exc)
+            return None
+        return ("checkpoint", run_id, revision, snapshot, entries_from, rows, dynamic, static)
+
+    def _writer_failed(self, exc: BaseException) -> SteerableError:
+        _log.error("sqlite_commit_failed", path=str(self.path), exc_info=True)
+        self._failed = exc
+        return SteerableError(AgentError.of(ErrorCode.INTERNAL_ERROR, f"storing failed: {exc!r}"))
+
+    def _codec_refused(self, kind: str, exc: ValueError) -> SteerableError:
+        _log.error("sqlite_write_refused", path=str(self.path), op=kind, error=str(exc))
+        return SteerableError(
+            AgentError.of(
+                ErrorCode.INTERNAL_ERROR,
+                f"the codec refused a {kind} write that passed every entry check: {exc}",
+                write=kind,
+            )
+        )
+
+    def _store_now(self, run_id: str, seq: int, blob: bytes, message_id: str | None) -> bool:
+        """Commit one inbox row on the calling thread, on the writer's connection.
+
+        A host message waits for its commit anyway: writing it here saves the two thread
+        switches of the writer's queue (W9). False if the write failed (nothing stored): the
+        caller queues it, and the writer retries it or gives it up as any write.
+
+        Raises:
+            SteerableError: `run_ended` if the store is closed.
+        """
+        with self._write_lock:
+            if self._conn_closed:
+                raise SteerableError(AgentError.of(ErrorCode.RUN_ENDED, "the store is closed"))
+            conn = self._writer_conn
+            if conn.in_transaction:
+                return False  # a failed transaction is still open: its INSERT would not commit
+            try:
+                # One statement in autocommit mode: its own transaction, committed on return.
+                conn.execute(
+                    "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc, message_id) "
+                    "VALUES (?,?,?,?,?)",
+                    (run_id, seq, blob, checksum(blob), message_id),
+                )
+            except sqlite3.Error:
+                return False  # nothing stored: the statement's transaction is rolled back
+        return True
 
     def _rollback(self, conn: sqlite3.Connection) -> None:
         for run_id in self._static_added:
             self._static_written.discard(run_id)
         self._static_added.clear()
+        self._entries_len.clear()  # what the transaction wrote is gone: what is known too
+        self._journal_empty.clear()
         if conn.in_transaction:
             try:
                 conn.execute("ROLLBACK")
             except sqlite3.Error:  # the transaction is gone with the failure
                 _log.warning("sqlite_rollback_failed", path=str(self.path), exc_info=True)
 
+    def _apply_batch(
+        self,
+        conn: sqlite3.Connection,
+        prepared: list[tuple[Any, ...] | None],
+        fence: dict[str, bool],
+        refused: dict[int, SteerableError],
+    ) -> None:
+        """Apply a batch's writes in order, with fewer statements than one by one.
+
+        A journal row is written at the end of the transaction, unless a checkpoint of its
+        run that clears the journal (an empty plan) is stored after it in the same batch: the
+        transcript of that checkpoint holds the result, and the row would be deleted in the
+        same transaction (W1: a result and the boundary after it often share one batch).
+        """
+        pending: dict[str, list[tuple[str, str, bytes, int]]] = {}
+        for index, op in enumerate(prepared):
+            if op is None:
+                continue
+            kind = op[0]
+            if kind == "journal":
+                _, run_id, call_id, blob = op
+                if self._fence_ok(conn, run_id, "", fence):
+                    pending.setdefault(run_id, []).append((run_id, call_id, blob, checksum(blob)))
+                continue
+            why = self._apply(conn, op, fence)
+            if why is not None:
+                refused[index] = why
+            elif kind == "checkpoint" and op[1] in pending and fence[op[1]] and not op[3]["plan"]:
+                del pending[op[1]]
+        for run_id, rows in pending.items():
+            conn.executemany("INSERT OR REPLACE INTO journal VALUES (?,?,?,?)", rows)
+            self._journal_empty.pop(run_id, None)
+
     def _apply_one(
         self, conn: sqlite3.Connection, op: tuple[Any, ...], fence: dict[str, bool]
     ) -> SteerableError | None:
-        """Apply one write inside its own savepoint: a value the codec refuses (entry points
-        check with the same `check_storable`, so this is a last line) rolls back that write
-        alone and is reported to its waiter; the rest of the batch commits."""
+        """Apply one write inside its own savepoint (after `_apply` met a ValueError no
+        encoding foresaw): such a write is rolled back alone and reported to its waiter; the
+        rest of the batch commits."""
         conn.execute("SAVEPOINT op")
         try:
             why = self._apply(conn, op, fence)
@@ -232,14 +385,9 @@ class SqliteWriter:
             conn.execute("RELEASE op")
             if op[0] == "checkpoint":
                 self._static_written.discard(op[1])
-            _log.error("sqlite_write_refused", path=str(self.path), op=op[0], error=str(exc))
-            return SteerableError(
-                AgentError.of(
-                    ErrorCode.INTERNAL_ERROR,
-                    f"the codec refused a {op[0]} write that passed every entry check: {exc}",
-                    write=op[0],
-                )
-            )
+                self._entries_len.pop(op[1], None)
+                self._journal_empty.pop(op[1], None)
+            return self._codec_refused(op[0], exc)
         conn.execute("RELEASE op")
         return why
 
@@ -298,6 +446,7 @@ class SqliteWriter:
                     "INSERT OR REPLACE INTO journal VALUES (?,?,?,?)",
                     (run_id, call_id, blob, checksum(blob)),
                 )
+                self._journal_empty.pop(run_id, None)
         elif kind == "inbox":
             _, run_id, seq, blob, message_id = op
             conn.execute(
@@ -324,16 +473,18 @@ class SqliteWriter:
         revision: int,
         snapshot: dict[str, Any],
         entries_from: int,
-        entries: list[TranscriptEntry],
+        rows: list[tuple[str, int, bytes, int]],
+        dynamic: bytes,
+        static: bytes | None,
     ) -> SteerableError | None:
         """Write one revision, only on top of the previous one: after a write of this run
         was given up, its later revisions are refused (the store keeps its last good one)
         rather than stored with a hole in their transcript. Returns the refusal, if any."""
-        static, dynamic = split_snapshot(snapshot)
         if run_id not in self._static_written:
             # Once per run and process: config, capabilities and the task never change while
             # a run lives, so revisions store only what does (W4: bytes <= 3x the transcript).
-            blob = encode_body("snapshot", static)
+            if static is None:
+                static = encode_body("snapshot", {key: snapshot[key] for key in STATIC_KEYS})
             cursor = conn.execute(
                 "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(run_id) DO UPDATE "
                 "SET state=excluded.state, revision=excluded.revision, "
@@ -347,8 +498,8 @@ class SqliteWriter:
                     snapshot["state"],
                     revision,
                     snapshot["updated_at"],
-                    blob,
-                    checksum(blob),
+                    static,
+                    checksum(static),
                 ),
             )
             if cursor.rowcount == 1:
@@ -366,25 +517,35 @@ class SqliteWriter:
                 run_id=run_id,
                 revision=revision,
             )
-        blob = encode_body("snapshot", dynamic)
         with self._held_lock:
             held = self._held.get(run_id)
+        epoch = 0 if held is None else held[1]
         conn.execute(
             "INSERT OR REPLACE INTO revisions (run_id, revision, snapshot, crc, epoch) "
             "VALUES (?,?,?,?,?)",
-            (run_id, revision, blob, checksum(blob), 0 if held is None else held[1]),
+            (run_id, revision, dynamic, checksum(dynamic), epoch),
         )
-        if entries:
-            conn.execute("DELETE FROM entries WHERE run_id=? AND idx>=?", (run_id, entries_from))
-            rows = []
-            for i, entry in enumerate(entries):
-                blob = encode(entry, kind="entry")
-                rows.append((run_id, entries_from + i, blob, checksum(blob)))
+        if rows:
+            # A resumed run rewrites from its length: entries past it go. Known to be none
+            # when this store object wrote the run's last entries under the same lease (its
+            # fence holds, so nobody else wrote since): the DELETE is skipped then.
+            if held is None or self._entries_len.get(run_id) != (epoch, entries_from):
+                conn.execute(
+                    "DELETE FROM entries WHERE run_id=? AND idx>=?", (run_id, entries_from)
+                )
             conn.executemany("INSERT INTO entries VALUES (?,?,?,?)", rows)
-        if not snapshot["plan"]:
+            if held is not None:
+                self._entries_len[run_id] = (epoch, entries_from + len(rows))
+        if not snapshot["plan"] and (held is None or self._journal_empty.get(run_id) != epoch):
+            # The plan's results are in the transcript now. Known to be no rows when this
+            # store object cleared them under the same lease and wrote none since.
             conn.execute("DELETE FROM journal WHERE run_id=?", (run_id,))
-        if RunState(snapshot["state"]).is_terminal:
+            if held is not None:
+                self._journal_empty[run_id] = epoch
+        if snapshot["state"] in TERMINAL_STATES:
             self._static_written.discard(run_id)
+            self._entries_len.pop(run_id, None)
+            self._journal_empty.pop(run_id, None)
             # Nobody needs a finished run's lease: released with its last write.
             conn.execute("UPDATE leases SET expires_at=0 WHERE run_id=?", (run_id,))
             with self._held_lock:

@@ -47,6 +47,7 @@ __all__ = [
     "StoredRun",
     "check_record",
     "corrupt_row",
+    "dynamic_part",
     "join_snapshot",
     "split_snapshot",
 ]
@@ -67,7 +68,6 @@ STATIC_KEYS = (
     "created_at",
 )
 """Snapshot fields fixed for a run's life: stored once per run, not once per revision."""
-_STATIC = frozenset(STATIC_KEYS)
 
 
 _EMPTY: dict[str, Any] = {
@@ -81,7 +81,11 @@ _EMPTY: dict[str, Any] = {
     "delivered_seq": -1,
 }
 """Per-revision fields left out while they hold their default (validation restores them)."""
-_DERIVED_METRICS = frozenset({"steps", "model_calls", "input_tokens", "output_tokens"})
+_EMPTY_ITEMS = tuple(_EMPTY.items())
+TERMINAL_STATES = frozenset(state.value for state in RunState if state.is_terminal)
+"""The terminal states' values (a RunState is equal to its value): a set lookup per checkpoint
+instead of an Enum call."""
+_DERIVED_METRICS = ("steps", "model_calls", "input_tokens", "output_tokens")
 
 
 def check_record(record: HostMessage | ToolResult | SubagentResult) -> None:
@@ -104,23 +108,32 @@ def check_record(record: HostMessage | ToolResult | SubagentResult) -> None:
 
 
 def split_snapshot(snapshot: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split a snapshot body into its static part and its per-revision part.
+    """Split a snapshot body into its static part and its per-revision part (`dynamic_part`)."""
+    return {key: snapshot[key] for key in STATIC_KEYS}, dynamic_part(snapshot)
 
-    The per-revision part leaves out what holds its default and the metrics that repeat
-    top-level counters, so a revision costs a few hundred bytes (W4: bytes <= 3x transcript).
+
+def dynamic_part(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The per-revision part of a snapshot body: a new dict, `snapshot` is left as it is.
+
+    It leaves out the static fields, what holds its default and the metrics that repeat
+    top-level counters, so a revision costs a few hundred bytes (W4: bytes <= 3x transcript);
+    validation restores them (`join_snapshot`). A copy that deletes is cheaper than a filtering
+    comprehension on this path (once per checkpoint).
     """
-    static = {key: snapshot[key] for key in STATIC_KEYS}
-    dynamic = {
-        key: value
-        for key, value in snapshot.items()
-        if key not in _STATIC and (key not in _EMPTY or value != _EMPTY[key])
-    }
-    dynamic["metrics"] = {
-        key: value
-        for key, value in snapshot["metrics"].items()
-        if value and key not in _DERIVED_METRICS
-    }
-    return static, dynamic
+    dynamic = snapshot.copy()
+    pop = dynamic.pop
+    for key in STATIC_KEYS:
+        pop(key, None)
+    for key, default in _EMPTY_ITEMS:
+        if key in dynamic and dynamic[key] == default:
+            del dynamic[key]
+    metrics = snapshot.get("metrics")
+    if isinstance(metrics, dict):
+        kept = {key: value for key, value in metrics.items() if value}
+        for key in _DERIVED_METRICS:
+            kept.pop(key, None)
+        dynamic["metrics"] = kept
+    return dynamic
 
 
 def join_snapshot(

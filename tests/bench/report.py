@@ -400,6 +400,12 @@ ROWS: list[Row] = [
         anchor="LangGraph 5.3 (+640 import)",
     ),
     Row(
+        "W4",
+        "sqlite: fresh-process load() + read every entry ms",
+        "w4_checkpoint.sqlite",
+        "fresh_load_read_all_ms",
+    ),
+    Row(
         "W4", "sqlite: fresh-process SqliteStore(path) ms", "w4_checkpoint.sqlite", "fresh_open_ms"
     ),
     Row("W4", "sqlite: fresh-process import ms", "w4_checkpoint.sqlite", "fresh_import_ms"),

@@ -1,0 +1,145 @@
+"""Snapshots stored as a static part once per run and a trimmed per-revision part (W4 bytes).
+
+Both stores keep per revision only what `dynamic_part` leaves (no static field, no field at its
+default, no metric that repeats a top-level counter); loading restores the exact snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from steerable.actors import CheckpointStore, MemoryStore, SqliteStore
+from steerable.actors._stores.store import STATIC_KEYS, dynamic_part
+from steerable.protocol import (
+    AgentError,
+    CallStatus,
+    CapabilitySnapshot,
+    ErrorCode,
+    PlannedCall,
+    RunConfig,
+    RunMetrics,
+    RunSnapshot,
+    RunState,
+    Usage,
+    UserMessage,
+    WaitingFor,
+)
+
+
+def _bare() -> dict[str, Any]:
+    return RunSnapshot(
+        run_id="r",
+        revision=0,
+        trace_id="ab" * 16,
+        task="t",
+        agent="a",
+        state=RunState.RUNNING,
+        config=RunConfig(max_steps=9),
+        capabilities=CapabilitySnapshot(tools={"t": "1:none:x"}),
+    ).model_dump(mode="json")
+
+
+def _full() -> dict[str, Any]:
+    return RunSnapshot(
+        run_id="r",
+        revision=0,
+        trace_id="ab" * 16,
+        session_id="s",
+        task_id="k",
+        parent_run_id="p",
+        depth=2,
+        task="t",
+        agent="a",
+        state=RunState.WAITING,
+        waiting_for=WaitingFor.APPROVAL,
+        config=RunConfig(max_steps=9),
+        capabilities=CapabilitySnapshot(tools={"t": "1:none:x"}),
+        model_calls=4,
+        model_retries=1,
+        steps=3,
+        usage=Usage(input_tokens=10, output_tokens=5),
+        decisions=4,
+        transcript_len=0,
+        last_seq=2,
+        delivered_seq=1,
+        pending_messages=(UserMessage(seq=2, content="hi", at=1.0),),
+        plan=(
+            PlannedCall(
+                call_id="c4.0",
+                kind="tool",
+                name="t",
+                idempotency_key="idem_1",
+                status=CallStatus.AWAITING_APPROVAL,
+            ),
+        ),
+        errors=(AgentError.of(ErrorCode.PROVIDER_ERROR, "boom"),),
+        output={"x": [1, 2]},
+        metrics=RunMetrics(
+            steps=3,
+            model_calls=4,
+            input_tokens=10,
+            output_tokens=5,
+            retries=1,
+            checkpoints=7,
+            duration_seconds=1.5,
+            phase_seconds={"reason": 0.5},
+        ),
+        deadline_left=-0.25,
+        created_at=1.0,
+        updated_at=2.0,
+    ).model_dump(mode="json")
+
+
+def test_the_per_revision_part_leaves_out_static_default_and_derived_fields() -> None:
+    body = _bare()
+    before = dict(body)
+    part = dynamic_part(body)
+    assert body == before  # the caller's dict is left as it is
+    assert not part.keys() & set(STATIC_KEYS)
+    assert set(part) == {
+        "revision",
+        "state",
+        "model_calls",
+        "model_retries",
+        "steps",
+        "usage",
+        "decisions",
+        "transcript_len",
+        "metrics",
+        "updated_at",
+    }
+    assert part["metrics"] == {}
+    full = dynamic_part(_full())
+    assert full["metrics"] == {
+        "retries": 1,
+        "checkpoints": 7,
+        "duration_seconds": 1.5,
+        "phase_seconds": {"reason": 0.5},
+    }
+    assert full["deadline_left"] == -0.25
+    assert full["waiting_for"] == "approval"
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CheckpointStore]:
+    made: CheckpointStore = (
+        MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "runs.db")
+    )
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.mark.parametrize("shape", ["bare", "full"])
+def test_a_loaded_snapshot_is_the_one_written(store: CheckpointStore, shape: str) -> None:
+    first = _bare() if shape == "bare" else _full()
+    second = {**first, "revision": 1, "updated_at": 3.0, "plan": [], "output": None}
+    store.write_checkpoint("r", 0, first, 0, [])
+    store.write_checkpoint("r", 1, second, 0, [])
+    assert store.load("r", 0).snapshot == RunSnapshot.model_validate(first)
+    assert store.load("r").snapshot == RunSnapshot.model_validate(second)
