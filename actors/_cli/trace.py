@@ -45,13 +45,19 @@ def trace_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _stored_events(args: argparse.Namespace) -> list[RunEvent] | None:
     from steerable.actors._stores.sqlite import SqliteStore, default_db_path
+    from steerable.protocol import ErrorCode, SteerableError
 
     store = SqliteStore(args.db if args.db is not None else default_db_path())
     try:
         reader = getattr(store, "events", None)
         if not callable(reader):
             return None
-        return list(cast("Callable[[str], Iterable[Any]]", reader)(args.run_id))
+        try:
+            return list(cast("Callable[[str], Iterable[Any]]", reader)(args.run_id))
+        except SteerableError as exc:
+            if exc.code is not ErrorCode.NOT_FOUND:
+                raise
+            return []  # an unknown run: no events (said below)
     finally:
         store.close()
 
@@ -77,7 +83,12 @@ def cmd_trace(args: argparse.Namespace) -> int:
             return 2
         events = run_tree_events(stored, args.run_id)
     if not events:
-        print(f"steerable: no events of run {args.run_id}", file=sys.stderr)
+        print(
+            f"steerable: no events of run {args.run_id} (events are stored with runs of a "
+            "SqliteStore; for others record them with Runtime.subscribe and pass --events "
+            "FILE: docs/observability.md)",
+            file=sys.stderr,
+        )
         return 2
     suffix = ".html" if args.format == "html" else ".json"
     out = args.out if args.out is not None else Path(f"{args.run_id}{suffix}")
