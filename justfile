@@ -46,6 +46,21 @@ typecheck:
 bench *args:
     {{py}} -m tests.bench {{args}}
 
+# The tests (extra arguments go to pytest) against a throwaway PostgreSQL started from the
+# machine's binaries (scripts/pg-server; unix socket only), stopped afterwards, as .ci/run does.
+# `just test-pg tests/test_postgres.py` runs one file.
+test-pg *args:
+    dir=$(mktemp -d /tmp/steerable-pg.XXXXXX); \
+    trap 'scripts/pg-server stop "$dir"; rm -rf "$dir"' EXIT; \
+    export STEERABLE_PG_DSN=$(scripts/pg-server start "$dir") STEERABLE_PG_DIR="$dir"; \
+    {{py}} -m pytest {{args}}
+
+# A PostgreSQL for development in /tmp/steerable-pg-dev (`just pg stop` stops it): prints the
+# DSN to export as STEERABLE_PG_DSN (and STEERABLE_PG_DIR=/tmp/steerable-pg-dev for restarts).
+pg action="start":
+    if [ "{{action}}" = start ]; then scripts/pg-server start /tmp/steerable-pg-dev; \
+    else scripts/pg-server stop /tmp/steerable-pg-dev && rm -rf /tmp/steerable-pg-dev; fi
+
 # A short pass (< 2 min) proving every workload runs and ends as expected; asserts no speed.
 bench-quick *args:
     {{py}} -m tests.bench --quick {{args}}

@@ -19,6 +19,7 @@ from ._host.handle import RunHandle
 from ._host.runtime import Runtime, RunTree
 from ._host.supervisor import RunSupervisor
 from ._observe.feed import FeedStream
+from ._stores.postgres import PostgresStore
 from ._stores.replay import Replay
 from ._stores.sqlite import SqliteStore
 from ._stores.store import CheckpointStore, MemoryStore, RevisionInfo, RunSummary, StoredRun
@@ -43,6 +44,7 @@ __all__ = [
     "ManualClock",
     "MemoryStore",
     "OutcomeKind",
+    "PostgresStore",
     "RayExecutor",
     "RemoteHandle",
     "RemoteOutcome",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pykka
 import pytest
@@ -37,3 +38,11 @@ def no_thread_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         or ref.actor_class.__module__.startswith("steerable")
     ]
     assert not actors, f"steerable actors left registered: {actors}"
+
+
+if TYPE_CHECKING:  # mypy resolves the kit as tests.pg_kit (explicit package bases)
+    from tests.pg_kit import pg_schema
+else:  # pytest puts tests/ on sys.path (rootdir "prepend" import mode)
+    from pg_kit import pg_schema
+
+__all__ = ["no_thread_leaks", "pg_schema"]

@@ -12,11 +12,13 @@ import threading
 import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import pytest
 
 from steerable.actors import CheckpointStore, MemoryStore, Runtime, SqliteStore, tool
+from steerable.actors._host.leases import LeaseKeeper
 from steerable.actors._stores.lease import Owner
 from steerable.actors.testing import Gate, ScriptedAgent, call, plan, wait_event
 from steerable.protocol import (
@@ -31,18 +33,16 @@ from steerable.protocol import (
 )
 
 if TYPE_CHECKING:  # mypy resolves the kit as tests.test_stores (explicit package bases)
-    from tests.test_stores import snapshot
+    from tests.test_stores import make_store, snapshot
 else:  # pytest puts tests/ on sys.path (rootdir "prepend" import mode)
-    from test_stores import snapshot
+    from test_stores import make_store, snapshot
 
 WAIT = 10.0
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CheckpointStore]:
-    made: CheckpointStore = (
-        MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "runs.db")
-    )
+    made = make_store(request.param, request, tmp_path)
     yield made
     made.close()
 
@@ -54,7 +54,8 @@ def until_expired(store: CheckpointStore, run_id: str) -> None:
     """
     lease = store.lease(run_id)
     assert lease is not None
-    clock = time.time if isinstance(store, SqliteStore) else time.monotonic
+    clock = time.monotonic if isinstance(store, MemoryStore) else time.time  # durable: the
+    # machine's clock (SQLite), or the database server's, here on the same machine (PostgreSQL)
     remaining = lease.expires_at - clock()
     if remaining > 0:
         threading.Event().wait(remaining + 0.01)
@@ -425,3 +426,52 @@ def test_a_message_to_a_run_nobody_holds_is_delivered_when_it_is_resumed(
     with Runtime(store=SqliteStore(path)) as later:
         outcome = later.resume(handle.run_id, agent=asking_agent()).result(WAIT)
     assert outcome.output == ["while parked"]
+
+
+def _keeper(store: CheckpointStore, owner: Owner, lost: list[str]) -> LeaseKeeper:
+    # A TTL far beyond the test: the keeper's own thread never renews; the test does.
+    return LeaseKeeper(store, owner, 600.0, on_lost=lost.append, on_renewed=lambda _r: None)
+
+
+def test_a_run_whose_last_write_released_its_lease_is_not_reported_lost(
+    store: CheckpointStore,
+) -> None:
+    """The terminal write lands between a renewal pass's look and the store's renewal."""
+    owner = Owner.new()
+    lost: list[str] = []
+    keeper = _keeper(store, owner, lost)
+    try:
+        cell = SimpleNamespace(run_id="r", epoch=0, lease_deadline=0.0, lease_wait=False)
+        keeper.new_run(cell)  # type: ignore[arg-type]
+        stored_run(store, "r")
+        # The run ends: its terminal write releases the lease; the host forgets it a moment
+        # later (after the Stored message), so the keeper still tracks it for this pass.
+        store.write_checkpoint(
+            "r", 1, snapshot("r", 1, transcript_len=0, state=RunState.FINISHED), 0, []
+        )
+        store.flush()
+        keeper.renew_now()
+        assert lost == []
+        assert keeper.holds("r")
+    finally:
+        keeper.stop()
+
+
+def test_a_run_another_owner_claimed_is_reported_lost_by_renewal(
+    store: CheckpointStore,
+) -> None:
+    a, b = Owner.new(), Owner.new()
+    stored_run(store, "r")
+    lost: list[str] = []
+    keeper = _keeper(store, a, lost)
+    try:
+        cell = SimpleNamespace(run_id="r", epoch=0, lease_deadline=0.0, lease_wait=False)
+        lease = store.claim("r", a, 0.2)
+        keeper.claimed(cell, lease, time.monotonic())  # type: ignore[arg-type]
+        until_expired(store, "r")
+        store.claim("r", b, 30.0)
+        keeper.renew_now()
+        assert lost == ["r"]
+        assert not keeper.holds("r")
+    finally:
+        keeper.stop()

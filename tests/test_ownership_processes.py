@@ -20,6 +20,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from steerable.actors import SqliteStore
 from steerable.protocol import RunState
@@ -28,6 +29,27 @@ DRIVER = Path(__file__).parent / "crash_drivers" / "owner_driver.py"
 STEER = Path(__file__).parent / "crash_drivers" / "steer_driver.py"
 WAIT = 60.0  # fail-instead-of-hang bound for one expected line
 TTL = 1.0
+
+
+def store_arg(work: Path) -> str:
+    """The drivers' DB argument (tests/test_postgres_processes.py gives `pg:SCHEMA`)."""
+    return str(work / "runs.db")
+
+
+def open_store(work: Path) -> Any:
+    """A store object on the drivers' store."""
+    return SqliteStore(work / "runs.db")
+
+
+def revision_epochs(work: Path, run_id: str) -> list[tuple[int, int]]:
+    """(revision, epoch) of every stored revision of `run_id`, by revision."""
+    conn = sqlite3.connect(work / "runs.db")
+    try:
+        return conn.execute(
+            "SELECT revision, epoch FROM revisions WHERE run_id=? ORDER BY revision", (run_id,)
+        ).fetchall()
+    finally:
+        conn.close()
 
 
 class Driver:
@@ -41,7 +63,7 @@ class Driver:
             [
                 sys.executable,
                 str(script),
-                str(work / "runs.db"),
+                store_arg(work),
                 str(work / "journal.txt"),
                 str(ttl),
                 role,
@@ -72,6 +94,15 @@ class Driver:
             self.seen.append(line)
             if line.split()[0] == first:
                 return line.split()
+
+    def expect_all(self, first: str, count: int) -> list[list[str]]:
+        """The first `count` lines starting with `first`, counting those already seen (an
+        `ended` may come before the last `adopted`: another run can end meanwhile)."""
+        while True:
+            found = [line.split() for line in self.seen if line.split()[0] == first]
+            if len(found) >= count:
+                return found[:count]
+            self.expect(first)
 
     def tell(self, line: str) -> None:
         assert self.proc.stdin is not None
@@ -113,23 +144,16 @@ def journal(work: Path) -> list[tuple[int, str, str, str, str, float]]:
 
 def check_store(work: Path, run_ids: list[str]) -> None:
     """Every run finished; (revision, epoch) monotonic; effects at most once per key."""
-    store = SqliteStore(work / "runs.db")
+    store = open_store(work)
     try:
         for run_id in run_ids:
             assert store.load(run_id).snapshot.state is RunState.FINISHED, run_id
     finally:
         store.close()
-    conn = sqlite3.connect(work / "runs.db")
-    try:
-        for run_id in run_ids:
-            rows = conn.execute(
-                "SELECT revision, epoch FROM revisions WHERE run_id=? ORDER BY revision",
-                (run_id,),
-            ).fetchall()
-            epochs = [epoch for _, epoch in rows]
-            assert epochs == sorted(epochs), f"{run_id}: epochs not monotonic {rows}"
-    finally:
-        conn.close()
+    for run_id in run_ids:
+        rows = revision_epochs(work, run_id)
+        epochs = [epoch for _, epoch in rows]
+        assert epochs == sorted(epochs), f"{run_id}: epochs not monotonic {rows}"
     effects = (work / "journal.txt.effects").read_text(encoding="utf-8").split("\n")
     keys = Counter(line.split()[0] for line in effects if line)
     assert all(n == 1 for n in keys.values()), keys
@@ -192,8 +216,7 @@ def test_a_killed_owners_runs_are_adopted_within_the_lease_ttl(tmp_path: Path) -
         assert sorted(adopted) == sorted(run_ids)
         interval = TTL / 3
         assert max(adopted.values()) <= TTL + interval + 0.5, adopted
-        for _ in run_ids:
-            adopter.expect("ended")
+        adopter.expect_all("ended", len(run_ids))
     finally:
         adopter.close()
     check_store(tmp_path, run_ids)
@@ -210,8 +233,7 @@ def test_a_frozen_owner_is_fenced_out_and_lands_nothing_after_it_thaws(tmp_path:
         for _ in run_ids:
             adopted_at.append(float(adopter.expect("adopted")[2]))
         assert min(adopted_at) - stopped_at >= TTL * 0.5  # a live (frozen) owner is waited out
-        for _ in run_ids:
-            assert adopter.expect("ended")[2] == "finished"
+        assert all(e[2] == "finished" for e in adopter.expect_all("ended", len(run_ids)))
         owner.signal(signal.SIGCONT)
         owner.tell("release")  # the zombie's calls return: it must write and start nothing
         for _ in run_ids:

@@ -1,6 +1,8 @@
-"""The `CheckpointStore` contract (R21, R24, R25), held by `MemoryStore` and `SqliteStore` alike.
+"""The `CheckpointStore` contract (R21, R24, R25), held by `MemoryStore`, `SqliteStore` and
+`PostgresStore` alike.
 
-Every contract test runs against both stores (the parametrised `store` fixture); tests named
+Every contract test runs against every store (the parametrised `store` fixture; PostgreSQL
+in a fresh schema of the test server, tests/pg_kit.py); tests named
 `test_sqlite_*` cover what only the durable store has: reopening a file, its schema version,
 group commit under many writer threads, and a writer process killed with SIGKILL in the middle
 of its transactions (no checkpoint is ever half-written).
@@ -16,7 +18,7 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -36,6 +38,11 @@ from steerable.protocol import (
     TranscriptEntry,
     UserMessage,
 )
+
+if TYPE_CHECKING:  # mypy resolves the kit as tests.pg_kit (explicit package bases)
+    from tests.pg_kit import pg_store
+else:  # pytest puts tests/ on sys.path (rootdir "prepend" import mode)
+    from pg_kit import pg_store
 
 DRIVERS = Path(__file__).parent / "crash_drivers"
 WAIT = 30.0  # generous fail-instead-of-hang bound for subprocesses
@@ -117,12 +124,19 @@ def write_revisions(store: CheckpointStore, run_id: str, revisions: int, per: in
         )
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+def make_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> CheckpointStore:
+    """A store of `kind` ("memory", "sqlite", "postgres": a fresh schema on the test server)."""
+    if kind == "memory":
+        return MemoryStore()
+    if kind == "sqlite":
+        return SqliteStore(tmp_path / "runs.db")
+    return pg_store(request.getfixturevalue("pg_schema"))
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CheckpointStore]:
-    """Each contract test runs against both stores."""
-    made: CheckpointStore = (
-        MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "runs.db")
-    )
+    """Each contract test runs against every store."""
+    made = make_store(request.param, request, tmp_path)
     try:
         yield made
     finally:

@@ -10,16 +10,18 @@ missing browser fails the test.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from steerable.actors import RetryableToolError, Runtime, ToolContext, tool
+from steerable.actors import RetryableToolError, Runtime, SqliteStore, ToolContext, tool
 from steerable.actors._cli.cli import main
 from steerable.actors._observe.chrome import chrome_trace
 from steerable.actors._observe.files import write_timeline
@@ -278,5 +280,9 @@ def test_steerable_trace_writes_both_formats_from_recorded_events(
 def test_steerable_trace_without_recorded_events_says_how_to_get_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["trace", "run_x", "--db", str(tmp_path / "runs.db")]) == 2
+    with Runtime(store=SqliteStore(tmp_path / "runs.db")) as rt:  # `trace` creates no database
+        run_id = rt.start("t", agent=ScriptedAgent()).result(10.0).run_id
+    with contextlib.closing(sqlite3.connect(tmp_path / "runs.db")) as conn, conn:
+        conn.execute("DELETE FROM events")  # a run stored before its events were
+    assert main(["trace", run_id, "--db", str(tmp_path / "runs.db")]) == 2
     assert "--events FILE" in capsys.readouterr().err

@@ -1,7 +1,9 @@
-"""The `steerable` command line: `demo`, and `runs`, `show`, `revisions`, `replay`, `trace`.
+"""The `steerable` command line: `demo`; the reads `runs`, `show`, `revisions`, `replay`,
+`approvals`, `events`, `trace`; and the operations `send`, `cancel`, `approve`, `deny`.
 
 Every command works on the SQLite store at `--db`, else `$STEERABLE_DB`, else
-`~/.local/share/steerable/runs.db` (see `default_db_path`).
+`~/.local/share/steerable/runs.db` (see `default_db_path`); only `demo` creates it. Exit codes
+and JSON shapes: docs/cli.md (and `common.py`).
 
 Each subcommand is one function `(args) -> exit code` plus an optional function that adds its
 arguments, registered in `SUBCOMMANDS`; `main()` builds the parser from that registry.
@@ -11,20 +13,36 @@ from __future__ import annotations
 
 import argparse
 import functools
-import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from .common import db_argument, open_store, quiet_logs
+from .ops import (
+    cancel_arguments,
+    cmd_approve,
+    cmd_cancel,
+    cmd_deny,
+    cmd_events,
+    cmd_send,
+    decision_arguments,
+    deny_arguments,
+    events_arguments,
+    send_arguments,
+)
+from .reads import (
+    cmd_approvals,
+    cmd_replay,
+    cmd_revisions,
+    cmd_runs,
+    cmd_show,
+    list_arguments,
+    revision_arguments,
+    run_arguments,
+)
 from .trace import cmd_trace, trace_arguments
-
-if TYPE_CHECKING:
-    from steerable.actors._stores.sqlite import SqliteStore
-    from steerable.protocol import TranscriptEntry
 
 __all__ = ["SUBCOMMANDS", "Subcommand", "build_parser", "main", "quiet_logs"]
 
@@ -52,38 +70,11 @@ class Subcommand:
     description: str = ""
 
 
-def quiet_logs() -> None:
-    """Log warnings and errors to stderr, unless the process already configured logging.
-
-    Only the command line calls this: it owns its process. The library itself never configures
-    logging or structlog (the host's globals); its records go to the `steerable` loggers.
-    """
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
-
-
 # ---------------------------------------------------------------------------------- demo
 
 
-def _db_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--db",
-        type=Path,
-        default=None,
-        help="the SQLite store (default: $STEERABLE_DB, else ~/.local/share/steerable/runs.db)",
-    )
-
-
-def _store(args: argparse.Namespace, *, create: bool = False) -> SqliteStore:
-    """The store at `--db`; only the demo creates one (reading a missing file is an error)."""
-    from steerable.actors._stores.sqlite import SqliteStore, default_db_path
-
-    path: Path = args.db if args.db is not None else default_db_path()
-    return SqliteStore(path, create=create)
-
-
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
-    _db_argument(parser)
+    db_argument(parser)
     parser.add_argument(
         "--memory",
         action="store_true",
@@ -103,7 +94,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     quiet_logs()
     out = functools.partial(print, flush=True)  # lines appear as events happen, even in a pipe
-    store = None if args.memory else _store(args, create=True)
+    store = None if args.memory else open_store(args, create=True)
     outcomes = run_demo(out, store=store, timeline=args.timeline)
     if store is not None:
         out(
@@ -111,152 +102,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"`steerable show {outcomes[0].run_id}`."
         )
     return 0 if demo_ok(outcomes) else 1
-
-
-# ---------------------------------------------------------------------------------- stored runs
-
-
-def _ids_argument(parser: argparse.ArgumentParser) -> None:
-    _db_argument(parser)
-    parser.add_argument("run_id", help="the run")
-
-
-def _revision_argument(parser: argparse.ArgumentParser) -> None:
-    _ids_argument(parser)
-    parser.add_argument(
-        "--revision", type=int, default=None, help="the revision (default: the latest)"
-    )
-
-
-def _guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Report a SteerableError (unknown run, corrupt row...) as one line and exit 2."""
-
-    @functools.wraps(run)
-    def wrapper(args: argparse.Namespace) -> int:
-        from steerable.protocol import SteerableError
-
-        quiet_logs()
-        try:
-            return run(args)
-        except SteerableError as exc:
-            print(f"steerable: {exc}", file=sys.stderr)
-            return 2
-
-    return wrapper
-
-
-@_guarded
-def cmd_runs(args: argparse.Namespace) -> int:
-    """List the runs in the store, oldest first."""
-    store = _store(args)
-    try:
-        runs = store.runs()
-    finally:
-        store.close()
-    print(f"{'run id':<40} {'state':<10} {'rev':>5}  {'agent':<16} task")
-    for run in runs:
-        name = run.run_id if run.parent_run_id is None else f"  {run.run_id}"
-        print(
-            f"{name:<40} {run.state.value:<10} {run.revision:>5}  {run.agent:<16} "
-            f"{_short(run.task, 60)}"
-        )
-    print(f"{len(runs)} run(s) in {store.path}")
-    return 0
-
-
-@_guarded
-def cmd_show(args: argparse.Namespace) -> int:
-    """A run's state, counters, errors and a transcript summary."""
-    store = _store(args)
-    try:
-        stored = store.load(args.run_id)
-    finally:
-        store.close()
-    snap = stored.snapshot
-    waiting = f" (waiting for {snap.waiting_for.value})" if snap.waiting_for else ""
-    print(f"run       {snap.run_id}")
-    print(f"state     {snap.state.value}{waiting}   revision {snap.revision}")
-    print(f"task      {snap.task}")
-    print(f"agent     {snap.agent}   depth {snap.depth}   parent {snap.parent_run_id or '-'}")
-    if snap.forked_from is not None:
-        print(f"forked    from {snap.forked_from.run_id} at revision {snap.forked_from.revision}")
-    print(
-        f"counters  {snap.steps} tool steps, {snap.model_calls} model calls, "
-        f"{snap.usage.total} tokens, {snap.metrics.retries} retries"
-    )
-    if snap.output is not None:
-        print(f"output    {_short(repr(snap.output), 200)}")
-    for error in snap.errors:
-        print(f"error     [{error.code.value}] {error.message}")
-    print(f"transcript ({len(stored.transcript)} entries):")
-    for index, entry in enumerate(stored.transcript):
-        print(f"  {index:>4}  {_describe(entry)}")
-    return 0
-
-
-@_guarded
-def cmd_revisions(args: argparse.Namespace) -> int:
-    """Every revision of a run."""
-    store = _store(args)
-    try:
-        revisions = store.revisions(args.run_id)
-    finally:
-        store.close()
-    print(f"{'rev':>5}  {'state':<10} {'entries':>7}  updated")
-    for rev in revisions:
-        print(
-            f"{rev.revision:>5}  {rev.state.value:<10} {rev.transcript_len:>7}  "
-            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(rev.updated_at))}"
-        )
-    return 0
-
-
-@_guarded
-def cmd_replay(args: argparse.Namespace) -> int:
-    """A run's events up to a revision, rebuilt from the store; nothing is executed (R23)."""
-    from steerable.actors._stores.replay import replay_of
-
-    store = _store(args)
-    try:
-        replay = replay_of(store.load(args.run_id, args.revision))
-    finally:
-        store.close()
-    print(f"replay of {replay.run_id} at revision {replay.revision} (read-only)")
-    for event in replay.events:
-        data = ", ".join(f"{k}={_short(repr(v), 60)}" for k, v in event.data.items())
-        print(f"  {event.seq:>4}  {event.kind.value:<20} {data}")
-    if replay.outcome is not None:
-        print(f"outcome: {replay.outcome.state.value}")
-    return 0
-
-
-def _short(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _describe(entry: TranscriptEntry) -> str:
-    from steerable.protocol import DecisionEntry, Plan, SubagentResult, ToolResult, UserMessage
-
-    if isinstance(entry, UserMessage):
-        return f"user #{entry.seq}: {_short(entry.content, 100)}"
-    if isinstance(entry, DecisionEntry):
-        decision = entry.decision
-        if isinstance(decision, Plan):
-            steps = ", ".join(
-                step.name if step.kind == "tool" else f"subagent {step.agent}"
-                for step in decision.steps
-            )
-            return f"decision #{entry.model_call}: plan [{steps}]"
-        return f"decision #{entry.model_call}: {decision.kind}"
-    if isinstance(entry, ToolResult):
-        what = "ok" if entry.error is None else f"error {entry.error.code.value}"
-        return f"result {entry.call_id} {entry.tool}: {what}"
-    if isinstance(entry, SubagentResult):
-        return (
-            f"subagent {entry.call_id} {entry.agent} -> {entry.child_run_id}: {entry.state.value}"
-        )
-    return f"note: {_short(entry.text, 100)}"
 
 
 # ---------------------------------------------------------------------------------- registry
@@ -276,11 +121,20 @@ SUBCOMMANDS: list[Subcommand] = [
     ),
 ]
 SUBCOMMANDS += [
-    Subcommand("runs", "list the stored runs", cmd_runs, _db_argument),
-    Subcommand("show", "a run's state, errors and transcript summary", cmd_show, _ids_argument),
-    Subcommand("revisions", "a run's revisions", cmd_revisions, _ids_argument),
+    Subcommand("runs", "list the stored runs", cmd_runs, list_arguments),
+    Subcommand("show", "a run's state, errors and dated transcript", cmd_show, run_arguments),
+    Subcommand("revisions", "a run's revisions", cmd_revisions, run_arguments),
     Subcommand(
-        "replay", "a run's events up to a revision, read-only", cmd_replay, _revision_argument
+        "replay", "a run's events up to a revision, read-only", cmd_replay, revision_arguments
+    ),
+    Subcommand(
+        "events",
+        "a run's events so far, or live until it ends (--follow)",
+        cmd_events,
+        events_arguments,
+    ),
+    Subcommand(
+        "approvals", "the calls of a run waiting for approval", cmd_approvals, run_arguments
     ),
     Subcommand(
         "trace",
@@ -288,6 +142,10 @@ SUBCOMMANDS += [
         cmd_trace,
         trace_arguments,
     ),
+    Subcommand("send", "send a message to a run (queue or interrupt)", cmd_send, send_arguments),
+    Subcommand("cancel", "cancel a run", cmd_cancel, cancel_arguments),
+    Subcommand("approve", "approve a call waiting for approval", cmd_approve, decision_arguments),
+    Subcommand("deny", "deny a call waiting for approval", cmd_deny, deny_arguments),
 ]
 """Every subcommand, in `--help` order. Add one by appending a `Subcommand`."""
 

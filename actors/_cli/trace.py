@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from .common import emit_json, guarded, json_argument, keeps_events, open_store
+
 if TYPE_CHECKING:
     from steerable.protocol import RunEvent
 
@@ -41,27 +43,22 @@ def trace_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="include message and tool content (task, arguments, results)",
     )
+    json_argument(parser)
 
 
 def _stored_events(args: argparse.Namespace) -> list[RunEvent] | None:
-    from steerable.actors._stores.sqlite import SqliteStore, default_db_path
-    from steerable.protocol import ErrorCode, SteerableError
-
-    store = SqliteStore(args.db if args.db is not None else default_db_path())
+    store = open_store(args)  # a missing database is not_found, never created
     try:
-        reader = getattr(store, "events", None)
-        if not callable(reader):
+        if not keeps_events(store, args.run_id):
+            store.load(args.run_id)  # an unknown run is not_found, whatever the store keeps
             return None
-        try:
-            return list(cast("Callable[[str], Iterable[Any]]", reader)(args.run_id))
-        except SteerableError as exc:
-            if exc.code is not ErrorCode.NOT_FOUND:
-                raise
-            return []  # an unknown run: no events (said below)
+        reader = cast("Callable[[str], Iterable[Any]]", store.events)
+        return list(reader(args.run_id))
     finally:
         store.close()
 
 
+@guarded
 def cmd_trace(args: argparse.Namespace) -> int:
     """Write a run's timeline; exit 2 if its events cannot be found."""
     from steerable.actors._observe.files import read_events, run_tree_events, write_timeline
@@ -76,8 +73,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
         stored = _stored_events(args)
         if stored is None:
             print(
-                "steerable: this store keeps no events; record them with Runtime.subscribe "
-                "and pass --events FILE (docs/observability.md)",
+                f"steerable: the store holds no events of run {args.run_id}; record them with "
+                "Runtime.subscribe and pass --events FILE (docs/observability.md)",
                 file=sys.stderr,
             )
             return 2
@@ -93,5 +90,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
     suffix = ".html" if args.format == "html" else ".json"
     out = args.out if args.out is not None else Path(f"{args.run_id}{suffix}")
     write_timeline(events, out, format=args.format, content=args.content)
-    print(f"{args.format} timeline of {args.run_id} ({len(events)} events): {out}")
+    if args.json:
+        emit_json(
+            {"run_id": args.run_id, "format": args.format, "events": len(events), "out": str(out)}
+        )
+    else:
+        print(f"{args.format} timeline of {args.run_id} ({len(events)} events): {out}")
     return 0

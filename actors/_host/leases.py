@@ -138,6 +138,8 @@ class LeaseKeeper:
         except Exception:  # noqa: BLE001 - a failed pass is retried at the next interval
             _log.warning("lease_renewal_failed", exc_info=True)
             return
+        if lost:
+            lost = {r for r in lost if not self._ended_here(r, cells[r].epoch)}
         deadline = started + self.ttl
         waiting: list[str] = []
         for run_id, cell in cells.items():
@@ -155,6 +157,24 @@ class LeaseKeeper:
             if mine:
                 _log.warning("lease_lost", run_id=run_id, why="renewal found another owner")
                 self._on_lost(run_id)
+
+    def _ended_here(self, run_id: str, epoch: int) -> bool:
+        """Whether a run the store no longer counts as held ended here instead of being taken.
+
+        A run's terminal write releases its lease on the store's writer thread; if that lands
+        between this pass's look at the tracked runs and the store's renewal, the store reports
+        the run as not held. The lease row still names this runtime at the run's epoch then
+        (nobody claimed it), so the run is not told it was taken over.
+        """
+        try:
+            lease = self.store.lease(run_id)
+        except Exception:  # noqa: BLE001 - unreadable: the store's answer stands
+            return False
+        return (
+            lease is not None
+            and lease.owner.instance_id == self.owner.instance_id
+            and lease.epoch == epoch
+        )
 
     def _loop(self) -> None:
         while True:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
@@ -94,13 +94,19 @@ class RunOwnership:
         host.leases = self.leases
         host.on_lease_lost = self.lease_lost
         self.remote = RemoteOps(directory, directory.cancel_now, wall)
+        # The store's own wake thread if it has one (PostgreSQL: LISTEN/NOTIFY), else one that
+        # watches its change counter (SQLite: PRAGMA data_version).
+        watch = getattr(store, "watch", None)
         change_counter = getattr(store, "change_counter", None)
-        self.changes: ChangeSignal | None = None
-        """Told each time the store's change counter moves (followers of stored events)."""
-        self._watcher: WakeWatcher | None = None
-        if callable(change_counter):
-            self.changes = ChangeSignal()
+        self.changes: ChangeSignal | None = ChangeSignal()
+        """Told each time the store changed (followers of stored events wake on it)."""
+        self._watcher: Any = None
+        if callable(watch):
+            self._watcher = watch(self._store_changed)
+        elif callable(change_counter):
             self._watcher = WakeWatcher(store, self._store_changed)
+        else:
+            self.changes = None
         self.closed = False
 
     def _store_changed(self) -> None:

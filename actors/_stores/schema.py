@@ -8,6 +8,7 @@ before anything is written to it: not switched to WAL, no table added (docs/dura
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -94,13 +95,11 @@ def check_foreign(path: Path) -> bool:
         return False
     if size == 0:
         return False
-    try:
-        with path.open("rb") as f:
-            header = f.read(16)
-    except OSError as exc:
-        raise _error(ErrorCode.CHECKPOINT_CORRUPT, path, f"cannot read: {exc}") from None
-    if header != b"SQLite format 3\x00":
-        raise _error(ErrorCode.CHECKPOINT_CORRUPT, path, "not an SQLite database (unknown header)")
+    # Only SQLite opens the file: closing a descriptor of our own on it would drop every POSIX
+    # lock this process holds on it (a store already open here), and another process closing
+    # its last connection would then delete the WAL this one still writes to.
+    if not os.access(path, os.R_OK):
+        raise _error(ErrorCode.CHECKPOINT_CORRUPT, path, "cannot read: permission denied")
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
     except sqlite3.Error:
@@ -125,6 +124,8 @@ def check_foreign(path: Path) -> bool:
         # store's own open reports it (`store_unavailable`), and it writes nothing either.
         return True
     except sqlite3.DatabaseError as exc:
+        if "not a database" in str(exc):
+            raise _error(ErrorCode.CHECKPOINT_CORRUPT, path, "not an SQLite database") from None
         raise _error(ErrorCode.CHECKPOINT_CORRUPT, path, f"unreadable: {exc}") from None
     finally:
         conn.close()

@@ -160,6 +160,39 @@ def sqlite_store(path: Path) -> Any:
     return steerable.actors.SqliteStore(path)  # type: ignore[attr-defined,unused-ignore]
 
 
+def postgres_dsn() -> str | None:
+    """The test server's DSN (`STEERABLE_PG_DSN`, set by `.ci/run` and `just test-pg`), if any."""
+    dsn = os.environ.get("STEERABLE_PG_DSN", "")
+    if not dsn:
+        return None
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return None
+    return dsn
+
+
+def postgres_schema(name: str) -> str:
+    """A fresh schema name for one bench case (dropped first if a killed run left it)."""
+    import psycopg
+
+    schema = f"bench_{name}_{os.getpid()}"
+    with psycopg.connect(postgres_dsn() or "", autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE".encode())
+    return schema
+
+
+def drop_postgres_schema(schema: str) -> None:
+    """Drop a bench case's schema."""
+    import psycopg
+
+    with psycopg.connect(postgres_dsn() or "", autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE".encode())
+
+
+NO_POSTGRES = "no PostgreSQL: STEERABLE_PG_DSN is not set (just test-pg, .ci/run start one)"
+
+
 def not_available(what: str) -> Result:
     """The result of a case that cannot run in this checkout."""
     return {"unavailable": what}

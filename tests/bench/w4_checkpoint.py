@@ -28,11 +28,15 @@ from steerable.protocol import RunState, TranscriptEntry
 from steerable.protocol._codec import encode, encode_body
 
 from ._common import (
+    NO_POSTGRES,
     Result,
     cpu_note,
+    drop_postgres_schema,
     expect,
     metric,
     not_available,
+    postgres_dsn,
+    postgres_schema,
     sqlite_available,
     temp_dir,
 )
@@ -312,4 +316,21 @@ def _sqlite_cls() -> type[CheckpointStore]:
     return cls
 
 
-CASES = {"memory": case_memory, "sqlite": case_sqlite}
+def case_postgres(quick: bool) -> Result:
+    """W4 with PostgresStore on the local server (the write off the supervisor's thread)."""
+    dsn = postgres_dsn()
+    if dsn is None:
+        return not_available(NO_POSTGRES)
+    from steerable.actors import PostgresStore
+
+    schema = postgres_schema("w4")
+    try:
+        cls: Any = timed(PostgresStore)
+        store = cls(dsn, schema=schema)
+        metrics, _, _, _ = _measure(store, quick, 1 if quick else 3)
+    finally:
+        drop_postgres_schema(schema)
+    return {"metrics": metrics, "config": "PostgresStore(local socket)", "info": cpu_note()}
+
+
+CASES = {"memory": case_memory, "sqlite": case_sqlite, "postgres": case_postgres}

@@ -22,11 +22,15 @@ from steerable.actors import Runtime, ToolContext, tool
 from steerable.protocol import Finish, Plan, RunState, RunView, SteerableError, ToolCall
 
 from ._common import (
+    NO_POSTGRES,
     Result,
     cpu_note,
+    drop_postgres_schema,
     expect,
     metric,
     not_available,
+    postgres_dsn,
+    postgres_schema,
     sqlite_available,
     sqlite_store,
     temp_dir,
@@ -177,4 +181,83 @@ def case_floors(quick: bool) -> Result:
     }
 
 
-CASES = {"sqlite": case_sqlite, "memory": case_memory, "floors": case_floors}
+def case_postgres(quick: bool) -> Result:
+    """send() into runs backed by PostgresStore (each message committed before it returns)."""
+    dsn = postgres_dsn()
+    if dsn is None:
+        return not_available(NO_POSTGRES)
+    from steerable.actors import PostgresStore
+
+    schema = postgres_schema("w9")
+    try:
+        metrics = _measure(lambda: PostgresStore(dsn, schema=schema), quick)
+    finally:
+        drop_postgres_schema(schema)
+    return {
+        "metrics": metrics,
+        "config": "PostgresStore(local socket), 4 busy runs",
+        "info": cpu_note(),
+    }
+
+
+def case_floors_postgres(quick: bool) -> Result:
+    """Floor: INSERT + COMMIT per message on the same server (psycopg, 1 and 4 threads)."""
+    dsn = postgres_dsn()
+    if dsn is None:
+        return not_available(NO_POSTGRES)
+    import psycopg
+
+    total = messages_for(quick)
+    body = msgpack.packb({"kind": "user", "seq": 0, "content": "message 0/0", "mode": "queue"})
+    schema = postgres_schema("w9floor")
+    rates: dict[int, list[float]] = {1: [], 4: []}
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}".encode())
+            conn.execute(
+                f"CREATE TABLE {schema}.inbox (run_id text, seq bigint, message bytea, "
+                "PRIMARY KEY (run_id, seq))".encode()
+            )
+        for threads in (1, 4):
+            for rep in range(2 if quick else 4):
+                conns = [psycopg.connect(dsn, autocommit=True) for _ in range(threads)]
+                per = total // threads
+
+                def insert(k: int, run: str, conns: list[Any] = conns, per: int = per) -> None:
+                    c = conns[k]
+                    for i in range(per):
+                        with c.transaction():
+                            c.execute(
+                                f"INSERT INTO {schema}.inbox VALUES (%s,%s,%s)".encode(),
+                                (run, i, body),
+                            )
+
+                workers = [
+                    threading.Thread(target=insert, args=(k, f"run{k}-{rep}-{threads}"))
+                    for k in range(threads)
+                ]
+                t0 = time.perf_counter()
+                for w in workers:
+                    w.start()
+                for w in workers:
+                    w.join()
+                rates[threads].append(per * threads / (time.perf_counter() - t0))
+                for c in conns:
+                    c.close()
+    finally:
+        drop_postgres_schema(schema)
+    return {
+        "metrics": {
+            "pg_commit_per_msg": metric(rates[1][1:], "msg/s", better="higher"),
+            "pg_commit_per_msg_4": metric(rates[4][1:], "msg/s", better="higher"),
+        }
+    }
+
+
+CASES = {
+    "sqlite": case_sqlite,
+    "memory": case_memory,
+    "floors": case_floors,
+    "postgres": case_postgres,
+    "floors_postgres": case_floors_postgres,
+}

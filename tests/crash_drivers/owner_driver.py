@@ -1,6 +1,6 @@
 """One process of the ownership harness (tests/test_ownership_processes.py) on a shared store.
 
-Usage: owner_driver.py DB JOURNAL TTL ROLE [N]
+Usage: owner_driver.py DB JOURNAL TTL ROLE [N]  (DB: a SQLite file, or `pg:SCHEMA`)
 
 ROLE is one of:
 - `start N`: start N runs, each blocked in its first `hold` call; print `run <id>` for each
@@ -143,8 +143,17 @@ def watch_adoptions(rt: Runtime, pending: set[str], all_done: threading.Event) -
     logger.addHandler(Adopted())
 
 
+def open_store() -> Any:
+    """DB is a SQLite file, or `pg:SCHEMA` (a schema on the server of $STEERABLE_PG_DSN)."""
+    if DB.startswith("pg:"):
+        from steerable.actors import PostgresStore
+
+        return PostgresStore(os.environ["STEERABLE_PG_DSN"], schema=DB[3:])
+    return SqliteStore(DB)
+
+
 def main() -> None:
-    store = SqliteStore(DB)
+    store = open_store()
     pending: set[str] = set()
     all_done = threading.Event()
     rt = Runtime(

@@ -1,0 +1,638 @@
+"""`PostgresStore`: runs shared by many hosts on one PostgreSQL database (extra `postgres`).
+
+The same contract as `SqliteStore`, for hosts on several machines: one writer thread per store
+object commits checkpoints and journal entries in batches (group commit), each batch one
+transaction in which every write of a run is fenced by the lease epoch this store object holds
+(the lease rows are read `FOR SHARE`, so a claim waits for the write or the write sees the
+claim). Host messages wait for their commit. Leases live on the database clock
+(postgres_own.py); the owner learns of operations other hosts store by LISTEN/NOTIFY with a
+polling fallback (postgres_listen.py). A dropped connection is a reconnect and a retry
+(postgres_conn.py), never an error in a run, until `write_timeout` is spent: then the write is
+given up with `store_unavailable` exactly as SQLite's is (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import queue
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from steerable.actors._engine.log import get_logger
+from steerable.protocol import (
+    AgentError,
+    ErrorCode,
+    HostMessage,
+    RunState,
+    SteerableError,
+    SubagentResult,
+    ToolResult,
+    TranscriptEntry,
+)
+from steerable.protocol._codec import encode, encode_body
+
+from .lease import Owner
+from .postgres_conn import Connections, _redacted
+from .postgres_events import PostgresEvents, apply_events, event_rows
+from .postgres_listen import PgWatcher
+from .postgres_own import NOW, PostgresOwnership
+from .postgres_schema import SCHEMA_VERSION, check_schema_name, migrate
+from .sqlite_files import notify_failed, notify_stored, unavailable
+from .sqlite_rows import checked, decoded, named, revision_info, summary
+from .store import (
+    CheckpointStore,
+    RevisionInfo,
+    RunSummary,
+    StoredRun,
+    check_record,
+    corrupt_row,
+    join_snapshot,
+    not_found,
+    split_snapshot,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+    import psycopg_pool
+
+__all__ = ["SCHEMA_VERSION", "PostgresStore"]
+
+_log = get_logger("steerable.postgres")
+
+_STOP = object()
+_PROBE = 0.25  # seconds of retrying a store whose last write was given up gets
+_FENCED_OPS = frozenset({"checkpoint", "journal", "events"})
+
+
+def _text(value: str) -> str:
+    # PostgreSQL text cannot hold NUL; the listing columns only (the blobs keep it exactly).
+    return value.replace("\x00", "\ufffd") if "\x00" in value else value
+
+
+class PostgresStore(PostgresEvents, PostgresOwnership, CheckpointStore):
+    """A durable store in a PostgreSQL database, shared by any number of hosts.
+
+    Args:
+        dsn_or_pool: A libpq connection string or URL (the store makes a pool: health-checked
+            connections, TCP keepalives on), or a `psycopg_pool.ConnectionPool` you own (it is
+            not closed by `close()`). LISTEN needs a direct connection: behind a transaction
+            pooler, give the store the server's address (docs/deployment.md).
+        schema: The PostgreSQL schema that holds the tables (created if missing).
+        min_size, max_size: The pool's size, when the store makes it.
+        max_batch: Most writes committed in one transaction.
+        write_timeout: Seconds a write (or any store operation) keeps being retried while it
+            fails for a transient reason (connection lost, server restarting, deadlock); then
+            it is given up with `store_unavailable`. Default 5.
+        poll_interval: Seconds between two rescans of pending operations by the wake thread,
+            the fallback when a notification was lost (default 1).
+        connect_kwargs: More libpq connection parameters (for example
+            `{"prepare_threshold": None}` behind PgBouncer).
+
+    Raises:
+        ImportError: The `postgres` extra (psycopg, psycopg_pool) is not installed.
+        SteerableError: `store_unavailable` if the server cannot be reached within
+            `write_timeout`; `checkpoint_incompatible` for a schema of a newer steerable or
+            a schema that holds another application's tables.
+    """
+
+    durable = True
+    fences = True
+
+    def __init__(
+        self,
+        dsn_or_pool: str | psycopg_pool.ConnectionPool[Any],
+        *,
+        schema: str = "steerable",
+        min_size: int = 1,
+        max_size: int = 8,
+        max_batch: int = 512,
+        write_timeout: float = 5.0,
+        poll_interval: float = 1.0,
+        connect_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if not write_timeout >= 0:
+            raise ValueError(f"write_timeout must be >= 0, not {write_timeout!r}")
+        if not poll_interval > 0:
+            raise ValueError(f"poll_interval must be > 0, not {poll_interval!r}")
+        self._s = check_schema_name(schema)
+        self.schema = schema
+        self.channel = f"steerable_ops_{schema}"
+        self.poll_interval = float(poll_interval)
+        self._write_timeout = float(write_timeout)
+        self._max_batch = max_batch
+        self._conns = Connections(
+            dsn_or_pool,
+            min_size=min_size,
+            max_size=max_size,
+            retry_for=self._write_timeout,
+            connect_kwargs=connect_kwargs,
+        )
+        try:
+            self._conns.run(lambda c: migrate(c, self._s), what="schema check")
+        except BaseException:
+            self._conns.close()
+            raise
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._failed: BaseException | None = None
+        self._given_up: BaseException | None = None
+        self._gave_up = 0
+        self._static_written: set[str] = set()  # the writer thread's only
+        self._held: dict[str, tuple[Owner, int]] = {}
+        """Runs this store object writes for: run id -> (owner, epoch)."""
+        self._held_lock = threading.Lock()
+        self._ttl = 5.0
+        self._watchers: list[PgWatcher] = []
+        self._thread = threading.Thread(
+            target=self._write_loop, name="steerable-postgres", daemon=True
+        )
+        self._thread.start()
+
+    # ------------------------------------------------------------------ writes
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SteerableError(AgentError.of(ErrorCode.RUN_ENDED, "the store is closed"))
+        if self._failed is not None:
+            raise SteerableError(
+                AgentError.of(
+                    ErrorCode.INTERNAL_ERROR, f"the store's writer failed: {self._failed!r}"
+                )
+            )
+
+    def append_message(
+        self, run_id: str, message: HostMessage, *, message_id: str | None = None
+    ) -> None:
+        """Store a host message; returns once it is committed (durable steering).
+
+        `message_id` is not stored yet (a run living here dedupes it in memory).
+
+        Raises:
+            SteerableError: `store_unavailable` if the write was given up (nothing stored).
+            TypeError, ValueError: `check_record` refuses the message; nothing is stored.
+        """
+        del message_id
+        check_record(message)
+        self._check_open()
+        done: Future[None] = Future()
+        self._queue.put(
+            (("inbox", run_id, message.seq, encode(message, kind="host_message")), done, None)
+        )
+        done.result()
+
+    def journal(
+        self,
+        run_id: str,
+        result: ToolResult | SubagentResult,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
+        """Queue a tool result for the journal (committed in the next batch)."""
+        check_record(result)
+        self._check_open()
+        blob = encode(result, kind="entry")
+        self._queue.put((("journal", run_id, result.call_id, blob), None, on_failed))
+
+    def write_checkpoint(
+        self,
+        run_id: str,
+        revision: int,
+        snapshot: dict[str, Any],
+        entries_from: int,
+        entries: Sequence[TranscriptEntry],
+        on_stored: Callable[[], None] | None = None,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
+        """Queue a checkpoint; encoded and committed on the writer thread, then `on_stored`
+        (or `on_failed(error)` if it is given up or its previous revision was not stored)."""
+        self._check_open()
+        op = ("checkpoint", run_id, revision, snapshot, entries_from, list(entries))
+        self._queue.put((op, on_stored, on_failed))
+
+    def statistics(self) -> dict[str, int]:
+        """Failures so far: `write_retries` (operations retried after a transient failure)
+        and `writes_given_up` (batches given up)."""
+        return {"write_retries": self._conns.retries, "writes_given_up": self._gave_up}
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued write is committed (or given up)."""
+        if self._closed or not self._thread.is_alive():
+            return True
+        done: Future[None] = Future()
+        self._queue.put((("flush",), done, None))
+        try:
+            done.result(timeout)
+        except TimeoutError:
+            return False
+        except SteerableError:
+            return True
+        return True
+
+    def close(self) -> None:
+        """Flush, stop the writer and wake threads, close the pool (if the store made it).
+        Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._conns.closing.set()  # failing writes get one last short try, not write_timeout
+        self._queue.put(_STOP)
+        self._thread.join(30.0)
+        for watcher in list(self._watchers):
+            watcher.stop()
+        self._conns.close()
+
+    def watch(self, on_change: Callable[[], None]) -> PgWatcher:
+        """Start the wake thread of a runtime: `on_change()` on every NOTIFY of this store's
+        channel, every `poll_interval` seconds, and after every reconnect (a rescan)."""
+        watcher = PgWatcher(self._conns, self.channel, on_change, self.poll_interval)
+        self._watchers.append(watcher)
+        return watcher
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            batch = [item]
+            stop = False
+            while len(batch) < self._max_batch:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _STOP:
+                    stop = True
+                    break
+                batch.append(more)
+            self._commit(batch)
+            if stop:
+                return
+
+    def _commit(self, batch: list[tuple[Any, Any, Any]]) -> None:
+        refused: dict[int, SteerableError] = {}
+        prepared: dict[int, Any] = {}
+        for index, (op, _, _) in enumerate(batch):
+            try:
+                prepared[index] = self._prepare(op)
+            except (TypeError, ValueError) as exc:
+                _log.error("postgres_write_refused", op=op[0], error=str(exc))
+                refused[index] = SteerableError(
+                    AgentError.of(
+                        ErrorCode.INTERNAL_ERROR,
+                        f"the codec refused a {op[0]} write that passed every entry check: {exc}",
+                        write=op[0],
+                    )
+                )
+        budget = self._write_timeout
+        if self._given_up is not None or self._closed:
+            budget = min(budget, _PROBE)  # a failing store answers promptly
+        error: SteerableError | None = None
+        fenced: set[str] = set()
+        try:
+            fence, added, late = self._conns.run(
+                lambda conn: self._transact(conn, batch, prepared),
+                what="write",
+                budget=budget,
+            )
+        except SteerableError as exc:
+            self._given_up = exc
+            self._gave_up += 1
+            error = exc
+        except BaseException as exc:  # noqa: BLE001 - reported to every waiter, and logged
+            _log.error("postgres_commit_failed", exc_info=True)
+            self._failed = exc
+            error = SteerableError(
+                AgentError.of(ErrorCode.INTERNAL_ERROR, f"storing failed: {exc!r}")
+            )
+        else:
+            self._given_up = None
+            refused.update(late)
+            self._static_written.update(added)
+            fenced = {run_id for run_id, ok in fence.items() if not ok}
+            self._after_commit(batch, fenced)
+        for index, (op, done, failed) in enumerate(batch):
+            why = error if error is not None else refused.get(index)
+            if why is None:
+                if op[0] not in _FENCED_OPS or op[1] not in fenced:
+                    notify_stored(done)  # a refused (fenced) write is never said stored
+            else:
+                notify_failed(done, failed, why)
+        if fenced and error is None:
+            self._fenced(fenced)
+
+    def _after_commit(self, batch: list[tuple[Any, Any, Any]], fenced: set[str]) -> None:
+        with self._held_lock:
+            for run_id in fenced:
+                self._held.pop(run_id, None)
+            for op, _, _ in batch:
+                if op[0] == "checkpoint" and RunState(op[3]["state"]).is_terminal:
+                    self._held.pop(op[1], None)
+                    self._static_written.discard(op[1])
+
+    def _prepare(self, op: tuple[Any, ...]) -> Any:
+        """Encode a write before its transaction (a retry encodes nothing again)."""
+        if op[0] == "events":
+            return event_rows(op[1], op[2], op[3])
+        if op[0] != "checkpoint":
+            return None
+        snapshot, entries = op[3], op[5]
+        static, dynamic = split_snapshot(snapshot)
+        static_blob = encode_body("snapshot", static)
+        return (
+            static_blob,
+            encode_body("snapshot", dynamic),
+            [encode(entry, kind="entry") for entry in entries],
+        )
+
+    def _transact(
+        self,
+        conn: psycopg.Connection[Any],
+        batch: list[tuple[Any, Any, Any]],
+        prepared: dict[int, Any],
+    ) -> tuple[dict[str, bool], set[str], dict[int, SteerableError]]:
+        """One batch in one transaction (may run again after a lost connection).
+
+        Returns the fence verdict per run, the runs whose static row this batch wrote, and
+        the writes refused because an earlier revision was not stored."""
+        fence = self._fence(conn, batch)
+        added: set[str] = set()
+        late: dict[int, SteerableError] = {}
+        s = self._s
+        for index, (op, _, _) in enumerate(batch):
+            if index not in prepared:
+                continue
+            kind = op[0]
+            if kind == "checkpoint":
+                if fence.get(op[1], True):
+                    why = self._apply_checkpoint(conn, op, prepared[index], added)
+                    if why is not None:
+                        late[index] = why
+            elif kind == "journal":
+                _, run_id, call_id, blob = op
+                if fence.get(run_id, True):
+                    conn.execute(
+                        f"INSERT INTO {s}.journal VALUES (%s,%s,%s,%s) ON CONFLICT "
+                        "(run_id, call_id) DO UPDATE SET result=excluded.result, crc=excluded.crc",
+                        (run_id, call_id, blob, zlib.crc32(blob)),
+                    )
+            elif kind == "inbox":
+                _, run_id, seq, blob = op
+                conn.execute(
+                    f"INSERT INTO {s}.inbox (run_id, seq, message, crc) VALUES (%s,%s,%s,%s) "
+                    "ON CONFLICT (run_id, seq) DO UPDATE SET message=excluded.message, "
+                    "crc=excluded.crc",
+                    (run_id, seq, blob, zlib.crc32(blob)),
+                )
+            elif kind == "events":
+                if fence.get(op[1], True):
+                    apply_events(conn, s, prepared[index], op[4])
+            elif kind == "release":
+                _, run_id, owner, epoch = op
+                conn.execute(
+                    f"UPDATE {s}.leases SET expires_at=0 WHERE run_id=%s AND owner=%s AND epoch=%s",
+                    (run_id, owner, epoch),
+                )
+        return fence, added, late
+
+    def _fence(
+        self, conn: psycopg.Connection[Any], batch: list[tuple[Any, Any, Any]]
+    ) -> dict[str, bool]:
+        """Whether this store object may write for each held run of the batch, read in the
+        batch's transaction with the lease rows locked (in run-id order: no deadlock)."""
+        agents: dict[str, str] = {}
+        for op, _, _ in batch:
+            if op[0] in _FENCED_OPS:
+                agent = op[3]["agent"] if op[0] == "checkpoint" else ""
+                agents[op[1]] = agents.get(op[1]) or agent
+        with self._held_lock:
+            held = {r: self._held[r] for r in agents if r in self._held}
+        if not held:
+            return {}
+        s = self._s
+        rows = conn.execute(
+            f"SELECT run_id, owner, epoch FROM {s}.leases WHERE run_id = ANY(%s) "
+            "ORDER BY run_id FOR SHARE",
+            (sorted(held),),
+        ).fetchall()
+        stored = {r[0]: (r[1], int(r[2])) for r in rows}
+        fence: dict[str, bool] = {}
+        for run_id, (owner, epoch) in held.items():
+            row = stored.get(run_id)
+            if row is None and epoch == 1:
+                # A new run: its first write makes its lease (nobody else can know it yet).
+                made = conn.execute(
+                    f"INSERT INTO {s}.leases VALUES (%s,%s,%s,%s,1,{NOW} + %s,%s) "
+                    "ON CONFLICT (run_id) DO NOTHING RETURNING epoch",
+                    (run_id, owner.instance_id, owner.host, owner.pid, self._ttl,
+                     _text(agents[run_id])),
+                ).fetchone()  # fmt: skip
+                fence[run_id] = made is not None
+            else:
+                fence[run_id] = row == (owner.instance_id, epoch)
+        return fence
+
+    def _apply_checkpoint(
+        self,
+        conn: psycopg.Connection[Any],
+        op: tuple[Any, ...],
+        blobs: tuple[bytes, bytes, list[bytes]],
+        added: set[str],
+    ) -> SteerableError | None:
+        """Write one revision, only on top of the previous one (see SqliteStore)."""
+        _, run_id, revision, snapshot, entries_from, _ = op
+        static_blob, dynamic_blob, entry_blobs = blobs
+        s = self._s
+        if run_id not in self._static_written and run_id not in added:
+            cursor = conn.execute(
+                f"INSERT INTO {s}.runs VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (run_id) "
+                "DO UPDATE SET state=excluded.state, revision=excluded.revision, "
+                "updated_at=excluded.updated_at, static=excluded.static, crc=excluded.crc "
+                "WHERE excluded.revision <= runs.revision + 1",
+                (
+                    run_id,
+                    snapshot["parent_run_id"],
+                    _text(snapshot["task"]),
+                    _text(snapshot["agent"]),
+                    snapshot["state"],
+                    revision,
+                    snapshot["updated_at"],
+                    static_blob,
+                    zlib.crc32(static_blob),
+                ),
+            )
+            if cursor.rowcount == 1:
+                added.add(run_id)
+        else:
+            cursor = conn.execute(
+                f"UPDATE {s}.runs SET state=%s, revision=%s, updated_at=%s "
+                "WHERE run_id=%s AND revision>=%s",
+                (snapshot["state"], revision, snapshot["updated_at"], run_id, revision - 1),
+            )
+        if cursor.rowcount != 1:
+            return unavailable(
+                f"revision {revision} of run {run_id} not stored: an earlier revision of the "
+                "run was not stored (its write was given up)",
+                run_id=run_id,
+                revision=revision,
+            )
+        with self._held_lock:
+            held = self._held.get(run_id)
+        conn.execute(
+            f"INSERT INTO {s}.revisions VALUES (%s,%s,%s,%s,%s) ON CONFLICT (run_id, revision) "
+            "DO UPDATE SET snapshot=excluded.snapshot, crc=excluded.crc, epoch=excluded.epoch",
+            (
+                run_id,
+                revision,
+                dynamic_blob,
+                zlib.crc32(dynamic_blob),
+                0 if held is None else held[1],
+            ),
+        )
+        if entry_blobs:
+            conn.execute(
+                f"DELETE FROM {s}.entries WHERE run_id=%s AND idx>=%s", (run_id, entries_from)
+            )
+            with conn.cursor() as cur:
+                cur.executemany(
+                    f"INSERT INTO {s}.entries VALUES (%s,%s,%s,%s)",
+                    [
+                        (run_id, entries_from + i, blob, zlib.crc32(blob))
+                        for i, blob in enumerate(entry_blobs)
+                    ],
+                )
+        if not snapshot["plan"]:
+            conn.execute(f"DELETE FROM {s}.journal WHERE run_id=%s", (run_id,))
+        if RunState(snapshot["state"]).is_terminal:
+            # Nobody needs a finished run's lease: released with its last write.
+            conn.execute(f"UPDATE {s}.leases SET expires_at=0 WHERE run_id=%s", (run_id,))
+        return None
+
+    # ------------------------------------------------------------------ reads
+
+    def load(self, run_id: str, revision: int | None = None) -> StoredRun:
+        """Load a run at `revision` (None: the latest), from one consistent snapshot of the
+        database.
+
+        Raises:
+            SteerableError: `not_found`; `checkpoint_corrupt` (naming the run and revision)
+                for a row whose checksum fails or that does not decode or validate;
+                `checkpoint_incompatible` for a newer format; `store_unavailable`.
+        """
+        self.flush()
+        s = self._s
+
+        def read(conn: psycopg.Connection[Any]) -> Any:
+            row = conn.execute(
+                f"SELECT revision, static, crc FROM {s}.runs WHERE run_id=%s", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise not_found(run_id)
+            latest = int(row[0])
+            wanted = latest if revision is None else revision
+            rev = conn.execute(
+                f"SELECT snapshot, crc FROM {s}.revisions WHERE run_id=%s AND revision=%s",
+                (run_id, wanted),
+            ).fetchone()
+            if rev is None:
+                raise not_found(run_id, revision)
+            snapshot = named(
+                run_id,
+                wanted,
+                lambda: join_snapshot(
+                    checked(bytes(row[1]), row[2], run_id, "run"),
+                    checked(bytes(rev[0]), rev[1], run_id, f"revision {wanted}"),
+                    run_id=run_id,
+                    revision=wanted,
+                ),
+            )
+            entries = conn.execute(
+                f"SELECT idx, entry, crc FROM {s}.entries WHERE run_id=%s AND idx<%s ORDER BY idx",
+                (run_id, snapshot.transcript_len),
+            ).fetchall()
+            journal: list[Any] = []
+            messages: list[Any] = []
+            if wanted == latest:
+                journal = conn.execute(
+                    f"SELECT call_id, result, crc FROM {s}.journal WHERE run_id=%s", (run_id,)
+                ).fetchall()
+                messages = conn.execute(
+                    f"SELECT seq, message, crc FROM {s}.inbox WHERE run_id=%s AND seq>%s "
+                    "ORDER BY seq",
+                    (run_id, snapshot.last_seq),
+                ).fetchall()
+            return wanted, snapshot, entries, journal, messages
+
+        at, snapshot, entries, journal, messages = self._conns.run(
+            read, what="read", read_only=True
+        )
+        if snapshot.revision != at:
+            raise corrupt_row(run_id, at, f"the row holds revision {snapshot.revision}")
+        if len(entries) != snapshot.transcript_len or any(
+            idx != i for i, (idx, _, _) in enumerate(entries)
+        ):
+            raise corrupt_row(
+                run_id, at, f"transcript has {len(entries)} of {snapshot.transcript_len} entries"
+            )
+        return StoredRun(
+            snapshot=snapshot,
+            transcript=[
+                decoded(bytes(b), c, run_id, at, f"entry {i}", "entry") for i, b, c in entries
+            ],
+            journal={
+                cid: decoded(bytes(b), c, run_id, at, f"journal {cid}", "entry")
+                for cid, b, c in journal
+            },
+            messages=[
+                decoded(bytes(b), c, run_id, at, f"message {seq}", "host_message")
+                for seq, b, c in messages
+            ],
+        )
+
+    def revisions(self, run_id: str) -> list[RevisionInfo]:
+        """Every revision of a run, oldest first.
+
+        Raises:
+            SteerableError: `not_found`; `checkpoint_corrupt` naming the run and revision.
+        """
+        self.flush()
+        s = self._s
+        rows = self._conns.run(
+            lambda c: c.execute(
+                f"SELECT revision, snapshot, crc FROM {s}.revisions WHERE run_id=%s "
+                "ORDER BY revision",
+                (run_id,),
+            ).fetchall(),
+            what="read",
+        )
+        if not rows:
+            raise not_found(run_id)
+        return [
+            named(
+                run_id,
+                int(n),
+                functools.partial(revision_info, run_id, int(n), bytes(blob), crc),
+            )
+            for n, blob, crc in rows
+        ]
+
+    def runs(self) -> list[RunSummary]:
+        """Every run in the store, oldest first (run ids sort by creation time)."""
+        self.flush()
+        s = self._s
+        rows = self._conns.run(
+            lambda c: c.execute(
+                "SELECT run_id, state, revision, task, agent, parent_run_id, updated_at "
+                f'FROM {s}.runs ORDER BY run_id COLLATE "C"'
+            ).fetchall(),
+            what="read",
+        )
+        return [summary((r[0], r[1], int(r[2]), r[3], r[4], r[5], r[6])) for r in rows]
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({_redacted(self._conns.dsn)!r}, schema={self.schema!r})"
