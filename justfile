@@ -41,7 +41,7 @@ typecheck:
     MYPYPATH=.typecheck {{py}} -m mypy -p steerable.protocol -p steerable.actors
     MYPYPATH=.typecheck {{py}} -m mypy tests examples
 
-# The benchmark suite (docs/benchmarks.md W1-W9 and their floors, unpinned and pinned to one core):
+# The benchmark suite (docs/benchmarks.md W1-W13 and their floors, unpinned and pinned to one core):
 # prints one table, writes bench/results/latest.json. `just bench --quick` = `just bench-quick`.
 bench *args:
     {{py}} -m tests.bench {{args}}

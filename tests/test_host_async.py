@@ -39,9 +39,11 @@ class ThreadRecordingStore(MemoryStore):
         super().__init__()
         self.threads: list[str] = []
 
-    def append_message(self, run_id: str, message: HostMessage) -> None:
+    def append_message(
+        self, run_id: str, message: HostMessage, *, message_id: str | None = None
+    ) -> None:
         self.threads.append(threading.current_thread().name)
-        super().append_message(run_id, message)
+        super().append_message(run_id, message, message_id=message_id)
 
 
 @tool(side_effect="write", requires_approval=True)

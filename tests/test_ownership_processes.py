@@ -10,6 +10,7 @@ by a fenced-out process after the takeover, every `write` effect at most once pe
 from __future__ import annotations
 
 import contextlib
+import json
 import queue
 import signal
 import sqlite3
@@ -25,6 +26,7 @@ from steerable.actors import SqliteStore
 from steerable.protocol import RunState
 
 DRIVER = Path(__file__).parent / "crash_drivers" / "owner_driver.py"
+STEER = Path(__file__).parent / "crash_drivers" / "steer_driver.py"
 WAIT = 60.0  # fail-instead-of-hang bound for one expected line
 TTL = 1.0
 
@@ -53,12 +55,14 @@ def revision_epochs(work: Path, run_id: str) -> list[tuple[int, int]]:
 class Driver:
     """One driver process and its line protocol."""
 
-    def __init__(self, work: Path, role: str, *extra: str, ttl: float = TTL) -> None:
+    def __init__(
+        self, work: Path, role: str, *extra: str, ttl: float = TTL, script: Path = DRIVER
+    ) -> None:
         self._log = open(work / f"{role}-{id(self)}.log", "w", encoding="utf-8")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
                 sys.executable,
-                str(DRIVER),
+                str(script),
                 store_arg(work),
                 str(work / "journal.txt"),
                 str(ttl),
@@ -241,3 +245,83 @@ def test_a_frozen_owner_is_fenced_out_and_lands_nothing_after_it_thaws(tmp_path:
     late = [entry for entry in journal(tmp_path) if entry[0] == owner.pid and entry[5] >= takeover]
     assert late == [], f"the zombie started tools after the takeover: {late}"
     check_store(tmp_path, run_ids)
+
+
+def answer(driver: Driver, line: str) -> list[str]:
+    """One command's answer line: the next line that is an answer or an error."""
+    driver.tell(line)
+    while True:
+        got = driver.lines.get(timeout=WAIT)
+        assert got is not None, f"driver {driver.pid} exited; saw {driver.seen}"
+        driver.seen.append(got)
+        if got.split()[0] in {"sent", "cancel", "decided", "pending", "state", "error"}:
+            return got.split()
+
+
+def pending_of(steerer: Driver, run_id: str, count: int) -> list[str]:
+    """Ask until the run shows `count` pending approvals (it plans them after its messages)."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        calls = answer(steerer, f"pending {run_id}")[1:]
+        if len(calls) >= count or time.monotonic() > deadline:
+            return calls
+        threading.Event().wait(0.02)  # polling a stored state, bounded by the deadline
+
+
+def test_steer_approve_deny_and_cancel_from_a_process_that_does_not_own_the_run(
+    tmp_path: Path,
+) -> None:
+    owner = Driver(tmp_path, "own", script=STEER)
+    steerer = Driver(tmp_path, "steer", script=STEER)
+    try:
+        owner.expect("up")
+        steerer.expect("up")
+        owner.tell("start first")
+        first = owner.expect("run")[2]
+        owner.tell("start second")
+        second = owner.expect("run")[2]
+
+        # Three messages from B, one of them retried with its message id: delivered once each.
+        seqs = [
+            int(answer(steerer, f"send {first} {text} {mid}")[1])
+            for text, mid in [("one", "m-1"), ("two", "m-2"), ("two", "m-2"), ("three", "-")]
+        ]
+        assert seqs[1] == seqs[2]
+        assert seqs[0] < seqs[1] < seqs[3]
+
+        # The run then plans two approval-gated writes: B approves one and denies the other.
+        calls = pending_of(steerer, first, 2)
+        assert len(calls) == 2, calls
+        assert answer(steerer, f"approve {first} {calls[0]}") == ["decided", "True"]
+        assert answer(steerer, f"deny {first} {calls[1]}") == ["decided", "True"]
+        assert answer(steerer, f"approve {first} {calls[0]}") == ["decided", "False"]
+        _, run_id, state, output = owner.expect("ended")
+        assert (run_id, state) == (first, "finished")
+        result = json.loads(output)
+        assert result["messages"] == ["one", "two", "three"]
+        assert result["results"] == [[calls[0], True], [calls[1], False]]
+
+        # Its events, replayed from the store in B, end with its run_ended.
+        steerer.tell(f"events {first}")
+        steerer.expect("events-end")
+        events = [line.split() for line in steerer.seen if line.startswith("event ")]
+        assert [int(seq) for _, seq, _, _ in events] == list(range(len(events)))
+        assert events[-1][2] == "run_ended"
+        kinds = [kind for _, _, kind, _ in events]
+        assert kinds.count("message_delivered") == 3
+        assert kinds.count("approval_settled") == 2
+
+        # B cancels the second run; then it is over for B too.
+        assert answer(steerer, f"cancel {second}") == ["cancel", "True"]
+        _, run_id, state, _ = owner.expect("ended")
+        assert (run_id, state) == (second, "cancelled")
+        assert answer(steerer, f"cancel {second}") == ["cancel", "False"]
+        assert answer(steerer, f"send {second} late -") == ["error", "run_ended"]
+        assert answer(steerer, f"state {second}") == ["state", "cancelled"]
+    finally:
+        steerer.close()
+        owner.close()
+    published = [entry for entry in journal(tmp_path) if entry[2] == "publish"]
+    assert [(pid, run_id, call) for pid, run_id, _, call, _, _ in published] == [
+        (owner.pid, first, calls[0])
+    ]

@@ -106,8 +106,10 @@ class ArchivingStore(CheckpointStore):
         with self._lock:
             return self._live.setdefault(run_id, MemoryStore())
 
-    def append_message(self, run_id: str, message: HostMessage) -> None:
-        self._store(run_id).append_message(run_id, message)
+    def append_message(
+        self, run_id: str, message: HostMessage, *, message_id: str | None = None
+    ) -> None:
+        self._store(run_id).append_message(run_id, message, message_id=message_id)
 
     def journal(
         self,

@@ -52,7 +52,7 @@ def _stored_events(args: argparse.Namespace) -> list[RunEvent] | None:
         if not keeps_events(store, args.run_id):
             store.load(args.run_id)  # an unknown run is not_found, whatever the store keeps
             return None
-        reader = cast("Callable[[str], Iterable[Any]]", store.events)  # type: ignore[attr-defined]
+        reader = cast("Callable[[str], Iterable[Any]]", store.events)
         return list(reader(args.run_id))
     finally:
         store.close()
@@ -80,7 +80,12 @@ def cmd_trace(args: argparse.Namespace) -> int:
             return 2
         events = run_tree_events(stored, args.run_id)
     if not events:
-        print(f"steerable: no events of run {args.run_id}", file=sys.stderr)
+        print(
+            f"steerable: no events of run {args.run_id} (events are stored with runs of a "
+            "SqliteStore; for others record them with Runtime.subscribe and pass --events "
+            "FILE: docs/observability.md)",
+            file=sys.stderr,
+        )
         return 2
     suffix = ".html" if args.format == "html" else ".json"
     out = args.out if args.out is not None else Path(f"{args.run_id}{suffix}")

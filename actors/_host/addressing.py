@@ -23,8 +23,10 @@ from steerable.protocol import (
 from .directory import RunDirectory
 from .events import EventStream
 from .handle import RunHandle
+from .offload import HostIO
 from .ownership import RunOwnership
 from .runtrees import RunTree, build_tree
+from .stored_events import PrefixedStream, StoredEventStream
 
 __all__ = ["RunAddressing"]
 
@@ -35,6 +37,7 @@ class RunAddressing:
     store: CheckpointStore
     directory: RunDirectory
     ownership: RunOwnership
+    host_io: HostIO
 
     def send(
         self,
@@ -92,14 +95,21 @@ class RunAddressing:
         """
         return self.ownership.outcome(run_id, timeout)
 
-    def events(self, run_id: str, start: int = 0, timeout: float | None = None) -> EventStream:
-        """The events of a run that lives here, from seq `start` (as `handle.events()`).
+    def events(
+        self, run_id: str, start: int = 0, timeout: float | None = None
+    ) -> EventStream | StoredEventStream | PrefixedStream:
+        """A run's events from seq `start`, wherever it lives (`for` and `async for`).
+
+        A run that lives here streams as `handle.events()` (a resumed run's stored events
+        before this process come first). Otherwise its stored events are replayed, then
+        followed as they are stored, until its `run_ended` (docs/durability.md, "Stored
+        events"). `timeout` bounds the wait for one event (`TimeoutError`).
 
         Raises:
-            SteerableError: `not_found` for a run that does not live in this runtime (events
-                are not stored yet: docs/durability.md).
+            SteerableError: `not_found` for a run the store does not know (or a run that
+                does not live here, with a store that keeps no events).
         """
-        return self.handle(run_id).events(start, timeout)
+        return self.ownership.events(run_id, start, timeout, self.host_io.submit)
 
     def replay(self, run_id: str, revision: int | None = None) -> Replay:
         """A run's transcript and events up to `revision` (default: the latest), read-only.

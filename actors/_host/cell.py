@@ -62,6 +62,8 @@ class RunCell:
         self.future: concurrent.futures.Future[RunOutcome] = concurrent.futures.Future()
         self.lock = threading.Lock()
         self.next_seq = next_seq
+        self.message_ids: dict[str, int] = {}
+        """Caller-chosen message ids accepted here, with their seqs (one message per id)."""
         self.cancel_requested = False
         self.stored = threading.Event()
         """Set once the store holds a revision of this run, or gave up a write of it (a
@@ -84,13 +86,30 @@ class RunCell:
     # --------------------------------------------------------------- host side
 
     def accept(
-        self, build: Callable[[int], HostMessage], deliver: Callable[[HostMessage], None]
+        self,
+        build: Callable[[int], HostMessage],
+        deliver: Callable[[HostMessage], None],
+        message_id: str | None = None,
+        known: Callable[[], int | None] | None = None,
     ) -> HostMessage:
-        """Assign the next seq, build the message, store and deliver it, all in order."""
+        """Assign the next seq, build the message, store and deliver it, all in order.
+
+        With a `message_id` seen before (here, or stored: `known()`), nothing is delivered:
+        the message is built with the first one's seq and returned.
+        """
         with self.lock:
+            if message_id is not None:
+                seq = self.message_ids.get(message_id)
+                if seq is None and known is not None:
+                    seq = known()
+                if seq is not None:
+                    self.message_ids[message_id] = seq
+                    return build(seq)
             message = build(self.next_seq)
             deliver(message)
             self.next_seq += 1
+            if message_id is not None:
+                self.message_ids[message_id] = message.seq
             return message
 
     def claim_approval(self, call_id: str) -> ApprovalRequest | None:
@@ -146,6 +165,8 @@ class RunCell:
         self.revision = outcome.revision
         if self.future.done():
             return
+        # The store has the run's last events (run_ended) before anyone learns the outcome.
+        self.events.store_pending()
         self.future.set_result(outcome)
         with self.lock:
             callbacks, self._on_settle = self._on_settle, []

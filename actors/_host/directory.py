@@ -146,11 +146,15 @@ class RunDirectory:
         cell: RunCell,
         build: Callable[[int], HostMessage],
         store_it: Callable[[HostMessage], None] | None = None,
+        *,
+        message_id: str | None = None,
     ) -> HostMessage:
         """Accept a host message: assign its seq, store it, deliver or wake (in seq order).
 
         `store_it` stores the message instead of `append_message` (an operation another
-        process stored for this run, taken into the inbox in one transaction).
+        process stored for this run, taken into the inbox in one transaction). A
+        `message_id` accepted before (here or stored) delivers nothing: the message returned
+        carries the first one's seq.
         """
         entry = self.get(cell.run_id)
         if entry is None:
@@ -172,7 +176,9 @@ class RunDirectory:
             raise SteerableError(cell.store_error)
 
         def deliver(message: HostMessage) -> None:
-            if store_it is None:
+            if store_it is None and message_id is not None:
+                store.append_message(cell.run_id, message, message_id=message_id)
+            elif store_it is None:
                 store.append_message(cell.run_id, message)  # stored before send() returns
             else:
                 store_it(message)
@@ -185,7 +191,11 @@ class RunDirectory:
             except pykka.ActorDeadError:
                 raise ended_error(cell.run_id) from None
 
-        return cell.accept(build, deliver)
+        if message_id is None:
+            return cell.accept(build, deliver)
+        return cell.accept(
+            build, deliver, message_id, lambda: store.message_seq(cell.run_id, message_id)
+        )
 
     def deliver(self, run_id: str, message: object) -> None:
         """Tell a runtime message (a timer, a child's result) to a live run, waking it."""

@@ -19,12 +19,16 @@ import concurrent.futures
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from steerable.actors._observe.feed import KINDS, PHASES, Feed
+from steerable.actors._stores.events import storable
 from steerable.protocol import EventKind, Phase, RunEvent
 
-__all__ = ["SSE_KEEPALIVE", "EventLog", "EventStream", "sse_frame"]
+if TYPE_CHECKING:
+    from steerable.actors._stores.store import CheckpointStore
+
+__all__ = ["SSE_KEEPALIVE", "EventLog", "EventStream", "sse_frame", "sse_frames"]
 
 # (seq, kind value, phase value, at, data, run_id, parent_run_id): what readers and the feed get
 _Raw = tuple[int, str, str | None, float, dict[str, Any], str, str | None]
@@ -54,6 +58,10 @@ class EventLog:
         "_next",
         "_observed",
         "_sleepers",
+        "_store",
+        "_store_lock",
+        "_stored_as",
+        "_unstored",
         "_waiters",
         "trace_id",
     )
@@ -80,6 +88,63 @@ class EventLog:
         self._dropped = 0
         self._closed = False
         self._waiters: list[concurrent.futures.Future[None]] = []
+        self._store: CheckpointStore | None = None
+        self._stored_as = ""
+        self._unstored = 0  # the first seq not yet handed to the store
+        self._store_lock = threading.Lock()
+
+    def store_to(self, store: CheckpointStore, run_id: str, first_seq: int = 0) -> None:
+        """Keep this log's events in `store`, as the stream of top-level run `run_id`.
+
+        `first_seq`: where a resumed run's stream continues (after its last stored event);
+        called before anything is appended.
+        """
+        with self._lock:
+            if first_seq > self._next and not self._heads:
+                self._next = first_seq
+            self._unstored = self._next
+            self._store = store
+            self._stored_as = run_id
+
+    @property
+    def first_seq(self) -> int:
+        """The seq of the oldest event still in memory (the next one's if none is)."""
+        with self._lock:
+            return self._heads[0][0] if self._heads else self._next
+
+    @property
+    def stored_as(self) -> str:
+        """The top-level run whose stored stream this log writes ("" if it is not stored)."""
+        return self._stored_as
+
+    @property
+    def storing(self) -> bool:
+        """Whether the log hands its events to a store."""
+        return self._store is not None
+
+    def store_pending(self) -> None:
+        """Hand the storable events appended since the last call to the store, in one batch.
+
+        Called at the end of each supervisor step and before a run's outcome is published;
+        cheap when nothing is new (one attribute comparison).
+        """
+        store = self._store
+        if store is None or self._unstored == self._next:
+            return
+        with self._store_lock:  # batches reach the store in seq order
+            with self._lock:
+                heads, data = self._heads, self._data
+                count = self._next - max(self._unstored, heads[0][0] if heads else self._next)
+                size = len(heads)
+                batch = []
+                for i in range(size - count, size):
+                    seq, kind, phase, at, run_id, parent = heads[i]
+                    record = (seq, kind, phase, at, data[i], run_id, parent)
+                    if storable(record):
+                        batch.append(record)
+                self._unstored = self._next
+            if batch:
+                store.append_events(self._stored_as, self.trace_id, batch)
 
     def append(
         self,
@@ -323,7 +388,7 @@ class EventStream:
         proxies keep the connection open; the stream ends when the run ends. A client that
         reconnects sends `Last-Event-ID`: start a new stream at that seq + 1.
         """
-        return _sse_frames(self, keepalive)
+        return sse_frames(self, keepalive)
 
 
 def sse_frame(event: RunEvent) -> str:
@@ -336,7 +401,9 @@ SSE_KEEPALIVE = ": keepalive\n\n"
 """The comment frame `EventStream.sse` yields while a run is quiet."""
 
 
-async def _sse_frames(stream: EventStream, keepalive: float | None) -> AsyncIterator[str]:
+async def sse_frames(
+    stream: AsyncIterator[RunEvent], keepalive: float | None
+) -> AsyncIterator[str]:
     while True:
         try:
             if keepalive is None:

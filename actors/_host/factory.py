@@ -321,6 +321,7 @@ class RunFactory:
         def build(sup: RunSupervisor) -> RunMachine:
             return self._machine(sup, entry, launch)
 
+        self._store_events(entry, launch)
         kwargs: dict[str, Any] = {
             "services": self.services,
             "cell": entry.cell,
@@ -341,6 +342,17 @@ class RunFactory:
             ) from exc
         entry.ref = ref
         ref.tell(launch.begin)
+
+    def _store_events(self, entry: RunEntry, launch: Launch) -> None:
+        """A top-level run's event log goes to the store; a resumed run's stream continues
+        after its last stored event (docs/durability.md, "Stored events")."""
+        store = self.services.store
+        events = entry.cell.events
+        if entry.link is not None or events.storing or not store.stores_events:
+            return  # a child writes to its root's stream; a woken run's log is attached
+        resumed = launch.stored is not None and launch.fork is None and not launch.wake
+        first = store.next_event_seq(entry.cell.run_id) if resumed else 0
+        events.store_to(store, entry.cell.run_id, first)
 
     def _machine(self, sup: RunSupervisor, entry: RunEntry, launch: Launch) -> RunMachine:
         """The run's machine; runs on the caller's thread, before `Begin` is told."""

@@ -71,7 +71,13 @@ class RunHandle:
         """The revision of the run's latest checkpoint."""
         return self._cell.revision
 
-    def send(self, content: str, mode: SteeringMode | str | None = None) -> int:
+    def send(
+        self,
+        content: str,
+        mode: SteeringMode | str | None = None,
+        *,
+        message_id: str | None = None,
+    ) -> int:
         """Send a user message into the run's inbox; returns its inbox `seq` (R20).
 
         Args:
@@ -79,6 +85,9 @@ class RunHandle:
             mode: "queue" (delivered before the next model call) or "interrupt" (the current
                 plan's calls are cancelled and the message is delivered at once). Default:
                 the run's `RunConfig.steering`.
+            message_id: A caller-chosen id that makes a retried send one message: a second
+                send with an id the run already accepted (here, or stored by any process)
+                delivers nothing and returns the first one's seq.
 
         Raises:
             SteerableError: code `run_ended` if the run is already terminal;
@@ -98,7 +107,7 @@ class RunHandle:
         def build(seq: int) -> HostMessage:
             return UserMessage(seq=seq, content=content, mode=steering, at=self._port.wall())
 
-        return self._post(build).seq
+        return self._post(build, message_id).seq
 
     def pending_approvals(self) -> list[ApprovalRequest]:
         """The calls waiting for a person's approval."""
@@ -221,8 +230,15 @@ class RunHandle:
             raise
         return True
 
-    def _post(self, build: Callable[[int], HostMessage]) -> HostMessage:
+    def _post(
+        self, build: Callable[[int], HostMessage], message_id: str | None = None
+    ) -> HostMessage:
         cell = self._cell
+        if message_id is not None:
+            _check_text(message_id, "message_id")
+            seq = cell.message_ids.get(message_id)
+            if seq is not None:  # a retry after the first one was accepted: nothing is sent
+                return build(seq)
         if cell.state.is_terminal:
             raise SteerableError(
                 AgentError.of(
@@ -232,7 +248,9 @@ class RunHandle:
                     state=cell.state.value,
                 )
             )
-        return self._port.post(cell, build)
+        if message_id is None:
+            return self._port.post(cell, build)
+        return self._port.post(cell, build, message_id=message_id)
 
 
 def _check_text(text: object, what: str) -> None:

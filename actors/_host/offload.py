@@ -42,6 +42,10 @@ class HostIO:
         """Run `fn(*args, **kwargs)` on a host thread and await its result on this loop."""
         return await asyncio.wrap_future(self._submit(fn, *args, **kwargs))
 
+    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run `fn()` on a host thread; its future (for a caller that awaits it itself)."""
+        return self._submit(fn)
+
     def _submit(
         self, fn: Callable[..., T], /, *args: object, **kwargs: object
     ) -> concurrent.futures.Future[T]:

@@ -18,6 +18,7 @@ import pykka
 from steerable.actors._engine.log import get_logger
 from steerable.actors._stores.store import CheckpointStore, Lease, Owner
 from steerable.protocol import (
+    AgentError,
     ApprovalRequest,
     ErrorCode,
     RunOutcome,
@@ -26,10 +27,12 @@ from steerable.protocol import (
     SteeringMode,
 )
 
+from .events import EventStream
 from .handle import RunHandle
 from .leases import LeaseKeeper
 from .messages import LeaseLost, LeaseRenewed
 from .remote import RemoteOps, WakeWatcher
+from .stored_events import ChangeSignal, PrefixedStream, StoredEventStream, Submit
 
 if TYPE_CHECKING:
     from .directory import RunDirectory
@@ -39,6 +42,8 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_LEASE_TTL", "RunOwnership"]
 
 _log = get_logger("steerable.runtime")
+
+_READ_BATCH = 1000  # stored events read per query by a follower
 
 DEFAULT_LEASE_TTL = 5.0
 """Seconds a run's lease lasts unless renewed (docs/deployment.md)."""
@@ -93,12 +98,21 @@ class RunOwnership:
         # watches its change counter (SQLite: PRAGMA data_version).
         watch = getattr(store, "watch", None)
         change_counter = getattr(store, "change_counter", None)
+        self.changes: ChangeSignal | None = ChangeSignal()
+        """Told each time the store changed (followers of stored events wake on it)."""
         self._watcher: Any = None
         if callable(watch):
-            self._watcher = watch(self.remote.pickup)
+            self._watcher = watch(self._store_changed)
         elif callable(change_counter):
-            self._watcher = WakeWatcher(store, self.remote.pickup)
+            self._watcher = WakeWatcher(store, self._store_changed)
+        else:
+            self.changes = None
         self.closed = False
+
+    def _store_changed(self) -> None:
+        self.remote.pickup()
+        if self.changes is not None:
+            self.changes.notify()
 
     # ------------------------------------------------------------------ leases
 
@@ -178,7 +192,7 @@ class RunOwnership:
         """`Runtime.send`."""
         handle = self._live(run_id)
         if handle is not None:
-            return handle.send(content, mode)
+            return handle.send(content, mode, message_id=message_id)
         try:
             steering = SteeringMode(mode) if mode is not None else SteeringMode.QUEUE
         except ValueError:
@@ -247,3 +261,56 @@ class RunOwnership:
         if handle is not None:
             return handle.result(timeout)
         return self.remote.stored_outcome(run_id, timeout)
+
+    def events(
+        self, run_id: str, start: int, timeout: float | None, submit: Submit
+    ) -> EventStream | StoredEventStream | PrefixedStream:
+        """`Runtime.events`: live here (with the stored events before this process's history
+        in front), else replayed from the store and followed (docs/durability.md)."""
+        store = self.store
+        entry = self.directory.get(run_id)
+        if entry is not None:
+            cell = entry.cell
+            live = RunHandle(self.directory, cell).events(start, timeout)
+            first = cell.events.first_seq
+            root = cell.events.stored_as
+            if start >= first or not root or not store.stores_events:
+                return live
+            prefix = [
+                e
+                for e in store.events(root, start, first - start)
+                if e.seq < first and (cell.owns_events or e.run_id == run_id)
+            ]
+            live = RunHandle(self.directory, cell).events(first, timeout)
+            return PrefixedStream(prefix, live)
+        snap = store.load(run_id).snapshot  # not_found for an unknown run
+        root = run_id
+        parent = snap.parent_run_id
+        while parent is not None:
+            root = parent
+            parent = store.load(parent).snapshot.parent_run_id
+        if not store.stores_events:
+            raise SteerableError(
+                AgentError.of(
+                    ErrorCode.NOT_FOUND,
+                    f"run {run_id} does not live in this runtime and its store keeps no events",
+                    run_id=run_id,
+                )
+            )
+        state_of = getattr(store, "run_state", None)
+
+        def terminal() -> bool:
+            if callable(state_of):
+                return bool(state_of(run_id).is_terminal)
+            return store.load(run_id).snapshot.state.is_terminal
+
+        return StoredEventStream(
+            lambda seq: store.events(root, seq, _READ_BATCH),
+            terminal,
+            self.changes,
+            submit,
+            start,
+            timeout,
+            run_id,
+            None if root == run_id else run_id,
+        )

@@ -29,7 +29,14 @@ class RunPort(Protocol):
         """The run's default steering mode (`RunConfig.steering`)."""
         ...
 
-    def post(self, cell: RunCell, build: Callable[[int], HostMessage]) -> HostMessage:
+    def post(
+        self,
+        cell: RunCell,
+        build: Callable[[int], HostMessage],
+        store_it: Callable[[HostMessage], None] | None = None,
+        *,
+        message_id: str | None = None,
+    ) -> HostMessage:
         """Accept a host message: seq, store, then deliver or wake (docs/steering.md).
 
         Raises:

@@ -134,12 +134,20 @@ class RemoteOps:
         def build(seq: int) -> HostMessage:
             return message.model_copy(update={"seq": seq})
 
+        settled = False
+
+        def store_it(m: HostMessage) -> None:
+            nonlocal settled
+            self.store.settle_op(op_id, run_id, m, message_id)
+            settled = True
+
         try:
-            self.directory.post(
-                cell, build, lambda m: self.store.settle_op(op_id, run_id, m, message_id)
-            )
+            message = self.directory.post(cell, build, store_it, message_id=message_id)
         except SteerableError:
             self.store.settle_op(op_id, run_id, None, None)
+            return
+        if not settled:  # its message_id was accepted here before: the first one's seq
+            self.store.settle_op(op_id, run_id, message, message_id, stored=True)
 
     # ------------------------------------------------------------------ sender side
 

@@ -142,6 +142,10 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
             handler(self, message, now)
         machine = self.machine
         self.cell.state = machine.state if self._final_state is None else self._final_state
+        if self._durable and not self._fenced:
+            # This step's events, in one batch, for readers in other processes (an in-memory
+            # store gets a run's events when its outcome is published: RunCell.settle).
+            self.cell.events.store_pending()
         if (
             machine.parked
             and not self._hooks_pending

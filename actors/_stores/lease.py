@@ -195,6 +195,8 @@ class LeaseTable:
         for run_id in run_ids:
             held = self.held.get(run_id)
             lease = self.leases.get(run_id)
+            if held is None and lease is not None and lease.owner.instance_id == owner.instance_id:
+                continue  # its terminal write (or a release) gave it up: ending, not taken
             if held is None or held[0].instance_id != owner.instance_id:
                 lost.add(run_id)
             elif lease is None:

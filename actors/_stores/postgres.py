@@ -164,13 +164,18 @@ class PostgresStore(PostgresEvents, PostgresOwnership, CheckpointStore):
                 )
             )
 
-    def append_message(self, run_id: str, message: HostMessage) -> None:
+    def append_message(
+        self, run_id: str, message: HostMessage, *, message_id: str | None = None
+    ) -> None:
         """Store a host message; returns once it is committed (durable steering).
+
+        `message_id` is not stored yet (a run living here dedupes it in memory).
 
         Raises:
             SteerableError: `store_unavailable` if the write was given up (nothing stored).
             TypeError, ValueError: `check_record` refuses the message; nothing is stored.
         """
+        del message_id
         check_record(message)
         self._check_open()
         done: Future[None] = Future()

@@ -38,6 +38,7 @@ from steerable.protocol._codec import encode
 
 from .lease import Owner
 from .schema import SCHEMA_VERSION, check_foreign, migrate
+from .sqlite_events import SqliteEvents
 from .sqlite_files import private_file, unavailable
 from .sqlite_own import SqliteOwnership
 from .sqlite_reads import SqliteReads
@@ -63,7 +64,7 @@ def _incompatible(message: str, **details: Any) -> SteerableError:
     return SteerableError(AgentError.of(ErrorCode.CHECKPOINT_INCOMPATIBLE, message, **details))
 
 
-class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, CheckpointStore):
+class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, CheckpointStore):
     """A durable store in one SQLite file (WAL), safe for many concurrent runs.
 
     Args:
@@ -213,8 +214,12 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, CheckpointStore):
                 )
             )
 
-    def append_message(self, run_id: str, message: HostMessage) -> None:
+    def append_message(
+        self, run_id: str, message: HostMessage, *, message_id: str | None = None
+    ) -> None:
         """Store a host message; returns once it is committed (durable steering).
+
+        `message_id` is stored with it (`message_seq` finds it; one message per id).
 
         Raises:
             SteerableError: `store_unavailable` if the write was given up (nothing stored).
@@ -223,12 +228,12 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, CheckpointStore):
         check_record(message)
         self._check_open()
         blob = encode(message, kind="host_message")
-        if self._given_up is None and self._store_now(run_id, message.seq, blob):
+        if self._given_up is None and self._store_now(run_id, message.seq, blob, message_id):
             return
         # The writer retries it (or gives it up) as any write; a store whose last write was
         # given up queues at once, so the writer's short probe answers.
         done: Future[None] = Future()
-        self._queue.put((("inbox", run_id, message.seq, blob), done, None))
+        self._queue.put((("inbox", run_id, message.seq, blob, message_id), done, None))
         done.result()
 
     def journal(
@@ -271,7 +276,11 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, CheckpointStore):
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued write is committed (or given up)."""
-        if self._closed or not self._thread.is_alive() or self._queue.idle():
+        if (
+            self._closed
+            or not self._thread.is_alive()
+            or (self._queue.idle() and self._events_due() is None)
+        ):
             return True  # nothing queued before this call is left (a fresh process's load)
         done: Future[None] = Future()
         self._queue.put((("flush",), done, None))

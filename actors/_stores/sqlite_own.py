@@ -118,7 +118,7 @@ class SqliteOwnership:
                 (self._now() + ttl, owner.instance_id),
             )
             rows = conn.execute(
-                "SELECT run_id, epoch FROM leases WHERE owner=? AND expires_at>0",
+                "SELECT run_id, epoch, expires_at FROM leases WHERE owner=?",
                 (owner.instance_id,),
             ).fetchall()
             conn.execute("COMMIT")
@@ -126,11 +126,16 @@ class SqliteOwnership:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        mine = dict(rows)
+        mine = {run_id: epoch for run_id, epoch, expires_at in rows if expires_at > 0}
+        ours = {run_id for run_id, _, _ in rows}
         lost: set[str] = set()
         with self._held_lock:
             for run_id in run_ids:
                 held = self._held.get(run_id)
+                if held is None and run_id in ours:
+                    # Its terminal write (or a release) just gave the lease up, still ours:
+                    # the run is ending here, not taken (the keeper forgets it as it ends).
+                    continue
                 if held is None or held[0].instance_id != owner.instance_id:
                     lost.add(run_id)
                 elif mine.get(run_id) != held[1] and not (held[1] == 1 and run_id not in mine):
@@ -288,6 +293,16 @@ class SqliteOwnership:
             raise
         return op_id, seq
 
+    def message_seq(self, run_id: str, message_id: str) -> int | None:
+        """The inbox seq of the run's message stored with `message_id` (None: none is)."""
+        self.flush()
+        row = (
+            self._reader()
+            .execute("SELECT seq FROM inbox WHERE run_id=? AND message_id=?", (run_id, message_id))
+            .fetchone()
+        )
+        return None if row is None else int(row[0])
+
     def op_seq(self, op_id: int) -> int | None:
         """The inbox seq the owner gave an operation (None: not yet; -1: refused)."""
         row = (
@@ -312,15 +327,24 @@ class SqliteOwnership:
         return out
 
     def settle_op(
-        self, op_id: int, run_id: str, message: HostMessage | None, message_id: str | None
+        self,
+        op_id: int,
+        run_id: str,
+        message: HostMessage | None,
+        message_id: str | None,
+        *,
+        stored: bool = False,
     ) -> None:
         """The owner takes an operation into the inbox at `message.seq` (None: refuses it),
-        in one transaction; returns once committed."""
+        in one transaction; returns once committed. `stored`: the inbox holds it already at
+        that seq (its `message_id` was accepted before): only the operation is settled."""
         self._check_open()
         conn = self._transaction()
         try:
             if message is None:
                 conn.execute("UPDATE remote_ops SET seq=-1 WHERE op_id=?", (op_id,))
+            elif stored:
+                conn.execute("UPDATE remote_ops SET seq=? WHERE op_id=?", (message.seq, op_id))
             else:
                 blob = encode(message, kind="host_message")
                 conn.execute(
@@ -347,6 +371,14 @@ class SqliteOwnership:
             top = conn.execute("SELECT MAX(seq) FROM inbox WHERE run_id=?", (run_id,)).fetchone()
             seq = (-1 if top[0] is None else int(top[0])) + 1
             for op_id, blob, message_id in rows:
+                if message_id is not None:
+                    dup = conn.execute(
+                        "SELECT seq FROM inbox WHERE run_id=? AND message_id=?",
+                        (run_id, message_id),
+                    ).fetchone()
+                    if dup is not None:  # accepted already (a send to its previous owner)
+                        conn.execute("UPDATE remote_ops SET seq=? WHERE op_id=?", (dup[0], op_id))
+                        continue
                 message = decode(blob, kind="host_message").model_copy(update={"seq": seq})
                 out = encode(message, kind="host_message")
                 conn.execute(

@@ -14,7 +14,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from steerable.protocol import AgentError, ErrorCode, SteerableError
 from steerable.protocol._codec import encode, encode_body
 
 from .lease import Owner
+from .sqlite_events import EVENTS_WAKE, apply_events
 from .sqlite_files import notify_failed, notify_stored, transient, unavailable
 from .sqlite_rows import checksum
 from .store import STATIC_KEYS, TERMINAL_STATES, dynamic_part
@@ -31,7 +32,7 @@ __all__ = ["SqliteWriter", "WriteQueue"]
 
 _log = get_logger("steerable.sqlite")
 
-_FENCED_OPS = frozenset({"checkpoint", "journal"})
+_FENCED_OPS = frozenset({"checkpoint", "journal", "events"})
 """Writes checked against the run's lease epoch (a run's own writes; inbox messages come from
 any process)."""
 
@@ -73,6 +74,10 @@ class SqliteWriter:
     """The writer thread's side of `SqliteStore` (which opens the connection and queues)."""
 
     path: Path
+    _take_events: Callable[[bool], list[tuple[Any, Any, Any]]]
+    """The stored events due (or all, forced) for the next commit (`SqliteEvents`)."""
+    _events_due: Callable[[], float | None]
+    """When the oldest waiting event is due (monotonic), None if none waits."""
     _queue: WriteQueue
     _writer_conn: sqlite3.Connection
     _max_batch: int
@@ -104,10 +109,22 @@ class SqliteWriter:
         conn = self._writer_conn
         try:
             while True:
-                item = self._queue.get()
+                # Stored events ride with the commits of the next EVENT_DELAY at most, then
+                # go in one batch: encoding and writing them per step would hold every
+                # checkpoint's commit back (docs/benchmarks.md W1).
+                due = self._events_due()
+                try:
+                    if due is None:
+                        item = self._queue.get()
+                    else:
+                        item = self._queue.get(timeout=max(0.0, due - time.monotonic()))
+                except queue.Empty:
+                    item = None  # the waiting events are due
+                taken = 0 if item is None else 1
                 if item is _STOP:
+                    self._commit_events(conn, force=True)
                     return
-                batch = [item]
+                batch = [] if item is None or item is EVENTS_WAKE else [item]
                 stop = False
                 while len(batch) < self._max_batch:
                     try:
@@ -117,15 +134,28 @@ class SqliteWriter:
                     if more is _STOP:
                         stop = True
                         break
-                    batch.append(more)
-                self._commit(conn, batch)
-                self._queue.done(len(batch))
+                    taken += 1
+                    if more is not EVENTS_WAKE:
+                        batch.append(more)
+                # A flush (a read, close) wants every event written before it returns.
+                force = stop or any(op[0] == "flush" for op, _, _ in batch)
+                batch.extend(self._take_events(force))
+                if batch:
+                    self._commit(conn, batch)
+                self._queue.done(taken)
                 if stop:
+                    self._commit_events(conn, force=True)
                     return
         finally:
             with self._write_lock:
                 conn.close()
                 self._conn_closed = True
+
+    def _commit_events(self, conn: sqlite3.Connection, *, force: bool) -> None:
+        """Commit the events still waiting (at the writer's stop)."""
+        events = self._take_events(force)
+        if events:
+            self._commit(conn, events)
 
     def _commit(self, conn: sqlite3.Connection, batch: list[tuple[Any, Any, Any]]) -> None:
         refused: dict[int, SteerableError] = {}
@@ -269,7 +299,7 @@ class SqliteWriter:
             )
         )
 
-    def _store_now(self, run_id: str, seq: int, blob: bytes) -> bool:
+    def _store_now(self, run_id: str, seq: int, blob: bytes, message_id: str | None) -> bool:
         """Commit one inbox row on the calling thread, on the writer's connection.
 
         A host message waits for its commit anyway: writing it here saves the two thread
@@ -288,8 +318,9 @@ class SqliteWriter:
             try:
                 # One statement in autocommit mode: its own transaction, committed on return.
                 conn.execute(
-                    "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc) VALUES (?,?,?,?)",
-                    (run_id, seq, blob, checksum(blob)),
+                    "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc, message_id) "
+                    "VALUES (?,?,?,?,?)",
+                    (run_id, seq, blob, checksum(blob), message_id),
                 )
             except sqlite3.Error:
                 return False  # nothing stored: the statement's transaction is rolled back
@@ -417,11 +448,16 @@ class SqliteWriter:
                 )
                 self._journal_empty.pop(run_id, None)
         elif kind == "inbox":
-            _, run_id, seq, blob = op
+            _, run_id, seq, blob, message_id = op
             conn.execute(
-                "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc) VALUES (?,?,?,?)",
-                (run_id, seq, blob, checksum(blob)),
+                "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc, message_id) "
+                "VALUES (?,?,?,?,?)",
+                (run_id, seq, blob, checksum(blob), message_id),
             )
+        elif kind == "events":
+            _, run_id, trace_id, records, retention = op
+            if self._fence_ok(conn, run_id, "", fence):
+                apply_events(conn, run_id, trace_id, records, retention)
         elif kind == "release":
             _, run_id, owner, epoch = op
             conn.execute(

@@ -10,7 +10,6 @@ stream (trace) and any memory an agent keeps stay separate responsibilities.
 from __future__ import annotations
 
 import math
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from steerable.protocol import (
     AgentError,
     ErrorCode,
     HostMessage,
+    RunEvent,
     RunSnapshot,
     RunState,
     SteerableError,
@@ -33,10 +33,12 @@ from steerable.protocol import (
 from steerable.protocol._codec import check_storable, decode_body
 from steerable.protocol._shape import first_shape_error
 
-from .lease import FenceListeners, Lease, LeaseTable, Owner
+from .events import DEFAULT_EVENT_RETENTION, EventRecord
+from .lease import FenceListeners, Lease, Owner
 
 __all__ = [
     "CheckpointStore",
+    "EventRecord",
     "Lease",
     "MemoryStore",
     "Owner",
@@ -259,12 +261,22 @@ class CheckpointStore(ABC):
     durable: bool = False
 
     @abstractmethod
-    def append_message(self, run_id: str, message: HostMessage) -> None:
+    def append_message(
+        self, run_id: str, message: HostMessage, *, message_id: str | None = None
+    ) -> None:
         """Store one accepted host message (the durable inbox); must be stored on return.
+
+        `message_id` (given only when the caller chose one) is kept with it, for
+        `message_seq`.
 
         Raises:
             TypeError, ValueError: `check_record` refuses it; nothing is stored.
         """
+
+    def message_seq(self, run_id: str, message_id: str) -> int | None:
+        """The inbox seq of the run's message stored with `message_id` (None: none is)."""
+        del run_id, message_id
+        return None
 
     @abstractmethod
     def journal(
@@ -320,6 +332,46 @@ class CheckpointStore(ABC):
     @abstractmethod
     def runs(self) -> list[RunSummary]:
         """Every run in the store, oldest first."""
+
+    # ------------------------------------------------------------------ stored events
+    # A store that does not override these keeps no events (docs/durability.md, "Stored
+    # events"): `rt.events()` then serves only runs that live in the calling runtime.
+
+    stores_events: bool = False
+    """Whether the store keeps runs' event streams."""
+
+    event_retention: int = DEFAULT_EVENT_RETENTION
+    """Events kept per run stream; older ones are deleted as new ones land."""
+
+    def append_events(  # noqa: B027 - a store without events ignores them
+        self,
+        run_id: str,
+        trace_id: str,
+        records: Sequence[EventRecord],
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
+        """Store events of top-level run `run_id`'s stream (its subagents' included).
+
+        May return before they are stored (a writer thread); a later `events()` sees them.
+        Idempotent per (run_id, seq). Fenced like `journal`: refused once this store object
+        lost the run's lease. `on_failed(error)` if a writer gives the write up (quick).
+        """
+
+    def events(self, run_id: str, start: int = 0, limit: int | None = None) -> list[RunEvent]:
+        """The stored events of run `run_id`'s stream with seq >= `start`, oldest first.
+
+        Raises:
+            SteerableError: `not_found` if the store knows neither the run nor an event of it;
+                `checkpoint_corrupt` for a stored event that does not decode.
+        """
+        del start, limit
+        raise not_found(run_id)
+
+    def next_event_seq(self, run_id: str) -> int:
+        """One more than the highest stored seq of the run's stream (0: none stored)."""
+        del run_id
+        return 0
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything accepted is written; True if it was within `timeout`."""
@@ -401,210 +453,5 @@ class CheckpointStore(ABC):
             listeners.fire(run_ids)
 
 
-class _MemRun:
-    __slots__ = ("entries", "journal", "messages", "revisions", "static")
-
-    def __init__(self) -> None:
-        self.static: dict[str, Any] = {}
-        self.revisions: list[dict[str, Any]] = []
-        self.entries: list[TranscriptEntry] = []
-        self.messages: list[HostMessage] = []
-        self.journal: dict[str, ToolResult | SubagentResult] = {}
-
-
-class MemoryStore(CheckpointStore):
-    """Keeps checkpoints in memory: the default, for runs that need not survive the process.
-
-    Records are immutable, so it keeps them as objects rather than bytes: a checkpoint costs
-    a few microseconds (W4), and a passivated run wakes without decoding. Loading validates
-    the snapshot as a durable store's load does.
-    """
-
-    durable = False
-    fences = True
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._runs: dict[str, _MemRun] = {}
-        self._leases = LeaseTable()
-        self._ttl = 5.0  # a new run's first lease; renewals use the runtime's ttl
-
-    def _run(self, run_id: str) -> _MemRun:
-        run = self._runs.get(run_id)
-        if run is None:
-            run = self._runs[run_id] = _MemRun()
-        return run
-
-    def append_message(self, run_id: str, message: HostMessage) -> None:
-        check_record(message)
-        with self._lock:
-            self._run(run_id).messages.append(message)
-
-    def journal(
-        self,
-        run_id: str,
-        result: ToolResult | SubagentResult,
-        *,
-        on_failed: Callable[[AgentError], None] | None = None,
-    ) -> None:
-        del on_failed  # kept in memory: it cannot fail later
-        check_record(result)
-        with self._lock:
-            if not self._leases.check(run_id, self._ttl):
-                fenced = True
-            else:
-                fenced = False
-                self._run(run_id).journal[result.call_id] = result
-        if fenced:
-            self._fenced([run_id])
-
-    def write_checkpoint(
-        self,
-        run_id: str,
-        revision: int,
-        snapshot: dict[str, Any],
-        entries_from: int,
-        entries: Sequence[TranscriptEntry],
-        on_stored: Callable[[], None] | None = None,
-        *,
-        on_failed: Callable[[AgentError], None] | None = None,
-    ) -> None:
-        del on_failed  # stored before this returns, or it raises
-        dynamic = dynamic_part(snapshot)  # what a durable store writes per revision (W4)
-        with self._lock:
-            if not self._leases.check(run_id, self._ttl, snapshot["agent"]):
-                fenced = True
-            else:
-                fenced = False
-                self._store_checkpoint(run_id, revision, snapshot, dynamic, entries_from, entries)
-        if fenced:
-            self._fenced([run_id])
-        elif on_stored is not None:
-            on_stored()
-
-    def _store_checkpoint(
-        self,
-        run_id: str,
-        revision: int,
-        snapshot: dict[str, Any],
-        dynamic: dict[str, Any],
-        entries_from: int,
-        entries: Sequence[TranscriptEntry],
-    ) -> None:
-        # Called under the lock.
-        run = self._run(run_id)
-        if not run.static or revision == 0:
-            run.static = {k: snapshot[k] for k in STATIC_KEYS}
-        if entries:
-            del run.entries[entries_from:]  # a resumed run rewrites from its length
-            run.entries.extend(entries)
-        del run.revisions[revision:]
-        run.revisions.append(dynamic)
-        if not snapshot["plan"]:
-            run.journal.clear()  # the plan's results are in the transcript now
-        if snapshot["state"] in TERMINAL_STATES:
-            self._leases.ended(run_id)
-
-    # ------------------------------------------------------------------ ownership
-
-    def register_new(self, run_id: str, owner: Owner, ttl: float) -> None:
-        with self._lock:
-            self._ttl = ttl
-            self._leases.register_new(run_id, owner)
-
-    def claim(self, run_id: str, owner: Owner, ttl: float, *, force: bool = False) -> Lease:
-        with self._lock:
-            run = self._runs.get(run_id)
-            if run is None or not run.revisions:
-                raise not_found(run_id)
-            return self._leases.claim(run_id, owner, ttl, force=force, agent=run.static["agent"])
-
-    def renew(self, owner: Owner, run_ids: Collection[str], ttl: float) -> set[str]:
-        with self._lock:
-            self._ttl = ttl
-            return self._leases.renew(owner, run_ids, ttl)
-
-    def release_lease(self, run_id: str, owner: Owner) -> None:
-        with self._lock:
-            self._leases.release(run_id, owner)
-
-    def claim_orphans(
-        self, owner: Owner, ttl: float, agents: Collection[str], limit: int = 16
-    ) -> tuple[list[Lease], list[tuple[str, str]]]:
-        taken: list[Lease] = []
-        left: list[tuple[str, str]] = []
-        with self._lock:
-            for run_id, run in sorted(self._runs.items()):
-                if not run.revisions or run.static.get("parent_run_id") is not None:
-                    continue
-                if RunState(run.revisions[-1]["state"]).is_terminal:
-                    continue
-                if not self._leases.expired(run_id):
-                    continue
-                agent = run.static["agent"]
-                if agent not in agents:
-                    left.append((run_id, agent))
-                elif len(taken) < limit:
-                    taken.append(self._leases.claim(run_id, owner, ttl, force=False, agent=agent))
-        return taken, left
-
-    def lease(self, run_id: str) -> Lease | None:
-        with self._lock:
-            return self._leases.leases.get(run_id)
-
-    def load(self, run_id: str, revision: int | None = None) -> StoredRun:
-        with self._lock:
-            run = self._runs.get(run_id)
-            if run is None or not run.revisions:
-                raise not_found(run_id)
-            index = len(run.revisions) - 1 if revision is None else revision
-            if not 0 <= index < len(run.revisions):
-                raise not_found(run_id, revision)
-            body = {**run.static, **run.revisions[index]}
-            latest = index == len(run.revisions) - 1
-            entries = list(run.entries)
-            journal = dict(run.journal) if latest else {}
-            messages = list(run.messages)
-        snapshot = _validated(body, run_id=run_id, revision=index)
-        return StoredRun(
-            snapshot=snapshot,
-            transcript=entries[: snapshot.transcript_len],
-            journal=journal,
-            messages=[m for m in messages if m.seq > snapshot.last_seq] if latest else [],
-        )
-
-    def revisions(self, run_id: str) -> list[RevisionInfo]:
-        with self._lock:
-            run = self._runs.get(run_id)
-            bodies = list(run.revisions) if run is not None else []
-        if not bodies:
-            raise not_found(run_id)
-        return [
-            RevisionInfo(
-                run_id=run_id,
-                revision=body["revision"],
-                state=RunState(body["state"]),
-                transcript_len=body["transcript_len"],
-                updated_at=body["updated_at"],
-            )
-            for body in bodies
-        ]
-
-    def runs(self) -> list[RunSummary]:
-        with self._lock:
-            latest = [
-                (rid, r.static, r.revisions[-1]) for rid, r in self._runs.items() if r.revisions
-            ]
-        out = [
-            RunSummary(
-                run_id=run_id,
-                state=RunState(body["state"]),
-                revision=body["revision"],
-                task=static["task"],
-                agent=static["agent"],
-                parent_run_id=static["parent_run_id"],
-                updated_at=body["updated_at"],
-            )
-            for run_id, static, body in latest
-        ]
-        return sorted(out, key=lambda s: s.run_id)
+# MemoryStore lives in memory.py (split along its seam); imported here for the old path.
+from .memory import MemoryStore  # noqa: E402

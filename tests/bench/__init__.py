@@ -1,4 +1,4 @@
-"""steerable's benchmark suite: the workloads W1-W9 and W13 of docs/benchmarks.md and their floors.
+"""steerable's benchmark suite: the workloads W1-W13 of docs/benchmarks.md and their floors.
 
 Not collected by pytest (`norecursedirs`). Run it with `just bench` (full: unpinned and pinned
 to one core) or `just bench-quick` (small counts; checks outcomes only). See

@@ -6,8 +6,8 @@ Process A (this file with `owner`) owns a run whose agent asks the user again af
 message and prints `seen <k> <time.monotonic()>` when message k reaches its view. Process B (the
 parent) sends each message with `rt.send` and records `time.monotonic()` just before the call
 (the monotonic clock is the machine's, shared by both processes). The floor: a bare SQLite
-commit in B, noticed by A polling `PRAGMA data_version` in a tight loop. Not in `just bench`
-yet: prints p50/p99 of both.
+commit in B, noticed by A polling `PRAGMA data_version` in a tight loop. In `just bench`
+(cases `steerable` and `floor`); run alone, it prints p50/p99 of both.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from typing import Any
 
 from steerable.actors import Runtime, SqliteStore
 from steerable.protocol import AskUser, Finish, RunConfig, RunView
+
+from ._common import Result, expect, metric, temp_dir
 
 
 class Echo:
@@ -75,15 +77,22 @@ def percentiles(values: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), p99
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--messages", type=int, default=200)
-    args = parser.parse_args()
-    n = args.messages
-    work = Path(tempfile.mkdtemp(prefix="w10-"))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _child(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.bench.w10_steering", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def measure_steering(work: Path, n: int) -> list[float]:
+    """Seconds from `rt.send` in this process to the message in the owner's view, per message."""
     db = str(work / "runs.db")
-    child = [sys.executable, "-m", "tests.bench.w10_steering"]
-    proc = subprocess.Popen([*child, "--owner", db, str(n)], stdout=subprocess.PIPE, text=True)
+    proc = _child("--owner", db, str(n))
     assert proc.stdout is not None
     run_id = proc.stdout.readline().split()[1]
     latencies = []
@@ -92,14 +101,22 @@ def main() -> None:
             sent = time.monotonic()
             rt.send(run_id, f"m{k}", message_id=f"w10-{k}")
             _, seen_k, at = proc.stdout.readline().split()
-            assert int(seen_k) == k
+            expect(int(seen_k) == k, f"W10: message {k} reached the view as {seen_k}")
             latencies.append(float(at) - sent)
     proc.wait(60)
+    proc.stdout.close()
+    return latencies
+
+
+def measure_floor(work: Path, n: int) -> list[float]:
+    """Seconds from a bare commit here to another process noticing `data_version` move."""
+    db = str(work / "floor.db")
     floors = []
     conn = sqlite3.connect(db)
+    conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("CREATE TABLE IF NOT EXISTS w10_floor (k INTEGER)")
     conn.commit()
-    fproc = subprocess.Popen([*child, "--floor", db, str(n)], stdout=subprocess.PIPE, text=True)
+    fproc = _child("--floor", db, str(n))
     assert fproc.stdout is not None
     fproc.stdout.readline()
     for k in range(n):
@@ -109,6 +126,39 @@ def main() -> None:
         _, _, at = fproc.stdout.readline().split()
         floors.append(float(at) - sent)
     fproc.wait(60)
+    fproc.stdout.close()
+    conn.close()
+    return floors
+
+
+def case_steerable(quick: bool) -> Result:
+    """W10 with the default wake interval (5 ms)."""
+    with temp_dir() as work:
+        samples = measure_steering(work, 20 if quick else 200)
+    return {
+        "metrics": {"send_to_view_ms": metric([s * 1e3 for s in samples], "ms")},
+        "config": "SqliteStore, two processes, default WAKE_INTERVAL",
+    }
+
+
+def case_floor(quick: bool) -> Result:
+    """Floor: a bare SQLite commit in B, noticed by A spinning on `PRAGMA data_version`."""
+    with temp_dir() as work:
+        samples = measure_floor(work, 20 if quick else 200)
+    return {"metrics": {"commit_to_notice_ms": metric([s * 1e3 for s in samples], "ms")}}
+
+
+CASES = {"steerable": case_steerable, "floor": case_floor}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=200)
+    args = parser.parse_args()
+    n = args.messages
+    work = Path(tempfile.mkdtemp(prefix="w10-"))
+    latencies = measure_steering(work, n)
+    floors = measure_floor(work, n)
     p50, p99 = percentiles(latencies)
     f50, f99 = percentiles(floors)
     print(

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pykka
 
-from steerable.actors import CheckpointStore, Runtime, tool
+from steerable.actors import CheckpointStore, MemoryStore, Runtime, tool
 from steerable.protocol import Finish, Plan, RunConfig, RunState, RunView, ToolCall
 
 from ._common import (
@@ -111,6 +112,68 @@ def case_sqlite(quick: bool) -> Result:
     return result
 
 
+class _MemoryNoLeases(MemoryStore):
+    """A `MemoryStore` without ownership: no lease is registered, claimed or checked."""
+
+    fences = False
+    register_new = CheckpointStore.register_new
+    claim = CheckpointStore.claim
+    renew = CheckpointStore.renew
+    release_lease = CheckpointStore.release_lease
+
+
+def _sqlite_no_leases(path: Path) -> CheckpointStore:
+    from steerable.actors import SqliteStore
+
+    class _SqliteNoLeases(SqliteStore):
+        """A `SqliteStore` whose runs hold no lease: no write is fenced (no lease row read)."""
+
+        fences = False
+        register_new = CheckpointStore.register_new
+        claim = CheckpointStore.claim
+        renew = CheckpointStore.renew
+        release_lease = CheckpointStore.release_lease
+
+    return _SqliteNoLeases(path)
+
+
+def _leases_overhead(on: CheckpointStore, off: CheckpointStore, quick: bool) -> Result:
+    """W1 at 200 iterations, leases on and off, alternating (the same load for both)."""
+    n = 50 if quick else 200
+    with Runtime(store=on, tools=[noop]) as rt_on, Runtime(store=off, tools=[noop]) as rt_off:
+        run_once(rt_on, 50)
+        run_once(rt_off, 50)
+        with_leases, without = [], []
+        for _ in range(reps_for(n, quick)):
+            with_leases.append(run_once(rt_on, n))
+            without.append(run_once(rt_off, n))
+    overhead = [(a / b - 1.0) * 100 for a, b in zip(with_leases, without, strict=True)]
+    return {
+        "metrics": {
+            f"us_per_iter_{n}_leases_on": metric(with_leases, "µs/iter"),
+            f"us_per_iter_{n}_leases_off": metric(without, "µs/iter"),
+            "leases_overhead_pct": metric(overhead, "%"),
+        }
+    }
+
+
+def case_leases_memory(quick: bool) -> Result:
+    """W1 with leases on vs off, `MemoryStore` (docs/deployment.md: no cost you will notice)."""
+    result = _leases_overhead(MemoryStore(), _MemoryNoLeases(), quick)
+    result["config"] = "MemoryStore vs a MemoryStore without ownership, alternating"
+    return result
+
+
+def case_leases_sqlite(quick: bool) -> Result:
+    """W1 with leases on vs off, `SqliteStore`."""
+    if not sqlite_available():
+        return not_available("steerable.actors.SqliteStore does not exist yet")
+    with temp_dir() as d:
+        result = _leases_overhead(sqlite_store(d / "on.db"), _sqlite_no_leases(d / "off.db"), quick)
+    result["config"] = "SqliteStore vs a SqliteStore without ownership, alternating"
+    return result
+
+
 def case_floor_loop(quick: bool) -> Result:
     """Floor: a plain Python loop calling decide and the tool function."""
     samples: dict[int, list[float]] = {}
@@ -171,6 +234,8 @@ def case_floor_pykka(quick: bool) -> Result:
 CASES = {
     "memory": case_memory,
     "sqlite": case_sqlite,
+    "leases_memory": case_leases_memory,
+    "leases_sqlite": case_leases_sqlite,
     "floor_loop": case_floor_loop,
     "floor_pykka": case_floor_pykka,
 }

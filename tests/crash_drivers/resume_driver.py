@@ -114,8 +114,10 @@ class HeldStore(CheckpointStore):
         self.inner = inner
         self.release = threading.Event()
 
-    def append_message(self, run_id: str, message: HostMessage) -> None:
-        self.inner.append_message(run_id, message)
+    def append_message(
+        self, run_id: str, message: HostMessage, *, message_id: str | None = None
+    ) -> None:
+        self.inner.append_message(run_id, message, message_id=message_id)
 
     def journal(
         self,

@@ -1,0 +1,295 @@
+"""`MemoryStore`: the in-memory default store (split from store.py along its seam).
+
+Records are immutable, so it keeps them as objects rather than bytes; ownership is its
+`LeaseTable`, stored events its per-stream `MemoryEvents` (docs/durability.md).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from steerable.protocol import (
+    AgentError,
+    HostMessage,
+    RunEvent,
+    RunState,
+    StoredRun,
+    SubagentResult,
+    ToolResult,
+    TranscriptEntry,
+)
+
+from .events import EventRecord, MemoryEvents
+from .lease import Lease, LeaseTable, Owner
+from .store import (
+    STATIC_KEYS,
+    TERMINAL_STATES,
+    CheckpointStore,
+    RevisionInfo,
+    RunSummary,
+    _validated,
+    check_record,
+    dynamic_part,
+    not_found,
+)
+
+__all__ = ["MemoryStore"]
+
+
+class _MemRun:
+    __slots__ = ("entries", "journal", "message_ids", "messages", "revisions", "static")
+
+    def __init__(self) -> None:
+        self.static: dict[str, Any] = {}
+        self.revisions: list[dict[str, Any]] = []
+        self.entries: list[TranscriptEntry] = []
+        self.messages: list[HostMessage] = []
+        self.journal: dict[str, ToolResult | SubagentResult] = {}
+        self.message_ids: dict[str, int] = {}
+
+
+class MemoryStore(CheckpointStore):
+    """Keeps checkpoints in memory: the default, for runs that need not survive the process.
+
+    Records are immutable, so it keeps them as objects rather than bytes: a checkpoint costs
+    a few microseconds (W4), and a passivated run wakes without decoding. Loading validates
+    the snapshot as a durable store's load does.
+    """
+
+    durable = False
+    fences = True
+    stores_events = True
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[str, _MemRun] = {}
+        self._events: dict[str, MemoryEvents] = {}
+        self._leases = LeaseTable()
+        self._ttl = 5.0  # a new run's first lease; renewals use the runtime's ttl
+
+    def _run(self, run_id: str) -> _MemRun:
+        run = self._runs.get(run_id)
+        if run is None:
+            run = self._runs[run_id] = _MemRun()
+        return run
+
+    def append_message(
+        self, run_id: str, message: HostMessage, *, message_id: str | None = None
+    ) -> None:
+        check_record(message)
+        with self._lock:
+            run = self._run(run_id)
+            run.messages.append(message)
+            if message_id is not None:
+                run.message_ids.setdefault(message_id, message.seq)
+
+    def message_seq(self, run_id: str, message_id: str) -> int | None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            return None if run is None else run.message_ids.get(message_id)
+
+    def journal(
+        self,
+        run_id: str,
+        result: ToolResult | SubagentResult,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
+        del on_failed  # kept in memory: it cannot fail later
+        check_record(result)
+        with self._lock:
+            if not self._leases.check(run_id, self._ttl):
+                fenced = True
+            else:
+                fenced = False
+                self._run(run_id).journal[result.call_id] = result
+        if fenced:
+            self._fenced([run_id])
+
+    def append_events(
+        self,
+        run_id: str,
+        trace_id: str,
+        records: Sequence[EventRecord],
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
+        del on_failed  # kept in memory: it cannot fail later
+        if not records:
+            return
+        with self._lock:
+            fenced = not self._leases.check(run_id, self._ttl)
+            if not fenced:
+                stream = self._events.get(run_id)
+                if stream is None:
+                    stream = self._events[run_id] = MemoryEvents(trace_id, self.event_retention)
+                stream.add(records, self.event_retention)
+        if fenced:
+            self._fenced([run_id])
+
+    def events(self, run_id: str, start: int = 0, limit: int | None = None) -> list[RunEvent]:
+        with self._lock:
+            stream = self._events.get(run_id)
+            if stream is None:
+                if run_id in self._runs:
+                    return []
+                raise not_found(run_id)
+            return stream.read(start, limit)
+
+    def next_event_seq(self, run_id: str) -> int:
+        with self._lock:
+            stream = self._events.get(run_id)
+            return 0 if stream is None else stream.next_seq()
+
+    def write_checkpoint(
+        self,
+        run_id: str,
+        revision: int,
+        snapshot: dict[str, Any],
+        entries_from: int,
+        entries: Sequence[TranscriptEntry],
+        on_stored: Callable[[], None] | None = None,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
+        del on_failed  # stored before this returns, or it raises
+        dynamic = dynamic_part(snapshot)  # what a durable store writes per revision (W4)
+        with self._lock:
+            if not self._leases.check(run_id, self._ttl, snapshot["agent"]):
+                fenced = True
+            else:
+                fenced = False
+                self._store_checkpoint(run_id, revision, snapshot, dynamic, entries_from, entries)
+        if fenced:
+            self._fenced([run_id])
+        elif on_stored is not None:
+            on_stored()
+
+    def _store_checkpoint(
+        self,
+        run_id: str,
+        revision: int,
+        snapshot: dict[str, Any],
+        dynamic: dict[str, Any],
+        entries_from: int,
+        entries: Sequence[TranscriptEntry],
+    ) -> None:
+        # Called under the lock.
+        run = self._run(run_id)
+        if not run.static or revision == 0:
+            run.static = {k: snapshot[k] for k in STATIC_KEYS}
+        if entries:
+            del run.entries[entries_from:]  # a resumed run rewrites from its length
+            run.entries.extend(entries)
+        del run.revisions[revision:]
+        run.revisions.append(dynamic)
+        if not snapshot["plan"]:
+            run.journal.clear()  # the plan's results are in the transcript now
+        if snapshot["state"] in TERMINAL_STATES:
+            self._leases.ended(run_id)
+
+    # ------------------------------------------------------------------ ownership
+
+    def register_new(self, run_id: str, owner: Owner, ttl: float) -> None:
+        with self._lock:
+            self._ttl = ttl
+            self._leases.register_new(run_id, owner)
+
+    def claim(self, run_id: str, owner: Owner, ttl: float, *, force: bool = False) -> Lease:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None or not run.revisions:
+                raise not_found(run_id)
+            return self._leases.claim(run_id, owner, ttl, force=force, agent=run.static["agent"])
+
+    def renew(self, owner: Owner, run_ids: Collection[str], ttl: float) -> set[str]:
+        with self._lock:
+            self._ttl = ttl
+            return self._leases.renew(owner, run_ids, ttl)
+
+    def release_lease(self, run_id: str, owner: Owner) -> None:
+        with self._lock:
+            self._leases.release(run_id, owner)
+
+    def claim_orphans(
+        self, owner: Owner, ttl: float, agents: Collection[str], limit: int = 16
+    ) -> tuple[list[Lease], list[tuple[str, str]]]:
+        taken: list[Lease] = []
+        left: list[tuple[str, str]] = []
+        with self._lock:
+            for run_id, run in sorted(self._runs.items()):
+                if not run.revisions or run.static.get("parent_run_id") is not None:
+                    continue
+                if RunState(run.revisions[-1]["state"]).is_terminal:
+                    continue
+                if not self._leases.expired(run_id):
+                    continue
+                agent = run.static["agent"]
+                if agent not in agents:
+                    left.append((run_id, agent))
+                elif len(taken) < limit:
+                    taken.append(self._leases.claim(run_id, owner, ttl, force=False, agent=agent))
+        return taken, left
+
+    def lease(self, run_id: str) -> Lease | None:
+        with self._lock:
+            return self._leases.leases.get(run_id)
+
+    def load(self, run_id: str, revision: int | None = None) -> StoredRun:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None or not run.revisions:
+                raise not_found(run_id)
+            index = len(run.revisions) - 1 if revision is None else revision
+            if not 0 <= index < len(run.revisions):
+                raise not_found(run_id, revision)
+            body = {**run.static, **run.revisions[index]}
+            latest = index == len(run.revisions) - 1
+            entries = list(run.entries)
+            journal = dict(run.journal) if latest else {}
+            messages = list(run.messages)
+        snapshot = _validated(body, run_id=run_id, revision=index)
+        return StoredRun(
+            snapshot=snapshot,
+            transcript=entries[: snapshot.transcript_len],
+            journal=journal,
+            messages=[m for m in messages if m.seq > snapshot.last_seq] if latest else [],
+        )
+
+    def revisions(self, run_id: str) -> list[RevisionInfo]:
+        with self._lock:
+            run = self._runs.get(run_id)
+            bodies = list(run.revisions) if run is not None else []
+        if not bodies:
+            raise not_found(run_id)
+        return [
+            RevisionInfo(
+                run_id=run_id,
+                revision=body["revision"],
+                state=RunState(body["state"]),
+                transcript_len=body["transcript_len"],
+                updated_at=body["updated_at"],
+            )
+            for body in bodies
+        ]
+
+    def runs(self) -> list[RunSummary]:
+        with self._lock:
+            latest = [
+                (rid, r.static, r.revisions[-1]) for rid, r in self._runs.items() if r.revisions
+            ]
+        out = [
+            RunSummary(
+                run_id=run_id,
+                state=RunState(body["state"]),
+                revision=body["revision"],
+                task=static["task"],
+                agent=static["agent"],
+                parent_run_id=static["parent_run_id"],
+                updated_at=body["updated_at"],
+            )
+            for run_id, static, body in latest
+        ]
+        return sorted(out, key=lambda s: s.run_id)

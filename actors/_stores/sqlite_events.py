@@ -1,0 +1,171 @@
+"""`SqliteStore`'s stored events: the writer's batch op, and the reads (docs/durability.md).
+
+A run hands its storable events to the store in batches (`append_events`): the batch is queued
+to the writer thread like a journal entry, so it is encoded there and committed in the same
+transaction as the checkpoint and journal writes queued with it, fenced by the run's lease
+epoch. The `events` table keeps the last `event_retention` events of each run's stream.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from steerable.actors._engine.log import get_logger
+from steerable.protocol import AgentError, RunEvent, RunState
+from steerable.protocol._codec import encode_body
+
+from .events import EventRecord, event_body
+from .sqlite_rows import checksum, decoded
+from .store import corrupt_row, not_found
+
+if TYPE_CHECKING:
+    from .sqlite_writer import WriteQueue
+
+__all__ = ["EVENTS_WAKE", "EVENT_DELAY", "SqliteEvents", "apply_events"]
+
+EVENT_DELAY = 0.02
+"""Seconds stored events wait for the writer at most: the events of that window are encoded
+and written together, with whatever else the writer commits then."""
+
+EVENTS_WAKE = object()
+"""Queued for the writer when events start waiting (once per wait, not once per batch)."""
+
+_log = get_logger("steerable.sqlite")
+
+
+def apply_events(
+    conn: sqlite3.Connection,
+    run_id: str,
+    trace_id: str,
+    records: Sequence[EventRecord],
+    retention: int,
+) -> None:
+    """Insert one batch of a stream's events (in the writer's transaction), then trim it.
+
+    An event the codec refuses is left out and logged: the rest of its batch is stored.
+    """
+    rows = []
+    for record in records:
+        try:
+            blob = encode_body("event", event_body(trace_id, record))
+        except ValueError as exc:
+            _log.error("event_not_stored", run_id=run_id, seq=record[0], error=str(exc))
+            continue
+        rows.append((run_id, record[0], blob, checksum(blob)))
+    if not rows:
+        return
+    conn.executemany("INSERT OR REPLACE INTO events VALUES (?,?,?,?)", rows)
+    oldest = rows[-1][1] - max(1, retention) + 1
+    if oldest > 0:
+        conn.execute("DELETE FROM events WHERE run_id=? AND seq<?", (run_id, oldest))
+
+
+class SqliteEvents:
+    """Stored events for `SqliteStore` (which provides the connections and the writer)."""
+
+    _queue: WriteQueue
+    _events_lock = threading.Lock()  # one for the process: held for a list append
+    stores_events = True
+    event_retention: int
+
+    def _reader(self) -> sqlite3.Connection:
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def flush(self, timeout: float | None = None) -> bool:
+        raise NotImplementedError
+
+    def append_events(
+        self,
+        run_id: str,
+        trace_id: str,
+        records: Sequence[EventRecord],
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
+        """Hand a batch of events to the writer: encoded and committed (fenced) with the next
+        write it commits, or within `EVENT_DELAY` if none comes."""
+        if not records:
+            return
+        self._check_open()
+        op = ("events", run_id, trace_id, tuple(records), self.event_retention)
+        with self._events_lock:
+            pending = self.__dict__.setdefault("_pending_events", [])
+            wake = not pending
+            if wake:
+                self.__dict__["_events_since"] = time.monotonic()
+            pending.append((op, None, on_failed))
+        if wake:
+            self._queue.put(EVENTS_WAKE)  # the writer learns when they are due
+
+    def _events_due(self) -> float | None:
+        """When the oldest waiting event is due (monotonic); None if none waits."""
+        with self._events_lock:
+            if not self.__dict__.get("_pending_events"):
+                return None
+            since: float = self.__dict__["_events_since"]
+        return since + EVENT_DELAY
+
+    def _take_events(self, force: bool) -> list[tuple[Any, Any, Any]]:
+        """The waiting events, once due (or `force`), oldest first (the writer's thread)."""
+        with self._events_lock:
+            pending: list[tuple[Any, Any, Any]] = self.__dict__.get("_pending_events") or []
+            if not pending:
+                return []
+            if not force and time.monotonic() < self.__dict__["_events_since"] + EVENT_DELAY:
+                return []
+            self.__dict__["_pending_events"] = []
+        return pending
+
+    def events(self, run_id: str, start: int = 0, limit: int | None = None) -> list[RunEvent]:
+        """The stored events of the run's stream with seq >= `start`, oldest first.
+
+        Raises:
+            SteerableError: `not_found` for a run the store does not know; `checkpoint_corrupt`
+                for a row whose checksum fails or that does not decode.
+        """
+        self.flush()
+        conn = self._reader()
+        rows = conn.execute(
+            "SELECT seq, event, crc FROM events WHERE run_id=? AND seq>=? ORDER BY seq LIMIT ?",
+            (run_id, start, -1 if limit is None else limit),
+        ).fetchall()
+        if (
+            not rows
+            and conn.execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone() is None
+        ):
+            raise not_found(run_id)
+        return [
+            decoded(blob, crc, run_id, None, f"event {seq}", "event") for seq, blob, crc in rows
+        ]
+
+    def run_state(self, run_id: str) -> RunState:
+        """The run's state as last stored (one indexed read: what a follower polls).
+
+        Raises:
+            SteerableError: `not_found`; `checkpoint_corrupt` for a state steerable lacks.
+        """
+        self.flush()
+        row = self._reader().execute("SELECT state FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        if row is None:
+            raise not_found(run_id)
+        try:
+            return RunState(row[0])
+        except ValueError:
+            raise corrupt_row(run_id, None, f"unknown state {str(row[0])[:40]!r}") from None
+
+    def next_event_seq(self, run_id: str) -> int:
+        """One more than the highest stored seq of the run's stream (0: none)."""
+        self.flush()
+        row = (
+            self._reader()
+            .execute("SELECT MAX(seq) FROM events WHERE run_id=?", (run_id,))
+            .fetchone()
+        )
+        return 0 if row is None or row[0] is None else int(row[0]) + 1

@@ -1,0 +1,297 @@
+"""Stored events (docs/durability.md, "Stored events") and `message_id` for a run that lives here.
+
+The store contract runs on both stores; the runtime tests replay a run's events from the store
+after it ended, continue a resumed run's seqs, and follow a run another runtime owns (two
+`SqliteStore` objects on one file, as two processes have) with `for` and `async for`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from steerable.actors import CheckpointStore, MemoryStore, Runtime, SqliteStore
+from steerable.actors._stores.events import EventRecord
+from steerable.actors._stores.lease import Owner
+from steerable.actors.testing import Gate, ScriptedAgent, call, plan, wait_event
+from steerable.protocol import (
+    AskUser,
+    ErrorCode,
+    EventKind,
+    Finish,
+    Phase,
+    Plan,
+    RunEvent,
+    RunState,
+    SteerableError,
+    SubagentCall,
+)
+
+if TYPE_CHECKING:
+    from tests.test_ownership import asking_agent, stored_run, until_expired
+else:
+    from test_ownership import asking_agent, stored_run, until_expired
+
+WAIT = 10.0
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CheckpointStore]:
+    made: CheckpointStore = (
+        MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "runs.db")
+    )
+    yield made
+    made.close()
+
+
+def record(seq: int, kind: EventKind = EventKind.STATE_CHANGED, **data: Any) -> EventRecord:
+    return (seq, kind, Phase.REASON, 1000.0 + seq, data, "r", None)
+
+
+# ---------------------------------------------------------------------- the store contract
+
+
+def test_events_are_stored_read_from_a_seq_and_trimmed_to_the_retention(
+    store: CheckpointStore,
+) -> None:
+    assert store.stores_events
+    stored_run(store, "r")
+    assert store.events("r") == []
+    assert store.next_event_seq("r") == 0
+    store.append_events("r", "t" * 32, [record(0, step=0), record(1, step=1)])
+    store.append_events("r", "t" * 32, [record(2, EventKind.RUN_ENDED, state="finished")])
+    events = store.events("r")
+    assert [(e.seq, e.kind, e.at, e.data) for e in events] == [
+        (0, EventKind.STATE_CHANGED, 1000.0, {"step": 0}),
+        (1, EventKind.STATE_CHANGED, 1001.0, {"step": 1}),
+        (2, EventKind.RUN_ENDED, 1002.0, {"state": "finished"}),
+    ]
+    assert all(e.trace_id == "t" * 32 and e.phase is Phase.REASON for e in events)
+    assert [e.seq for e in store.events("r", start=1)] == [1, 2]
+    assert [e.seq for e in store.events("r", start=1, limit=1)] == [1]
+    assert store.next_event_seq("r") == 3
+    store.append_events("r", "t" * 32, [record(2, EventKind.RUN_ENDED, state="again")])
+    assert store.events("r", start=2)[0].data == {"state": "again"}  # idempotent per seq
+    store.event_retention = 3
+    store.append_events("r", "t" * 32, [record(3), record(4)])
+    assert [e.seq for e in store.events("r")] == [2, 3, 4]
+    assert store.next_event_seq("r") == 5
+    with pytest.raises(SteerableError) as missing:
+        store.events("nope")
+    assert missing.value.code is ErrorCode.NOT_FOUND
+
+
+def test_a_fenced_out_store_object_stores_no_event(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    first, second = SqliteStore(path), SqliteStore(path)
+    fenced: list[str] = []
+    first.add_fence_listener(fenced.append)
+    try:
+        a, b = Owner.new(), Owner.new()
+        stored_run(first, "r")
+        first.claim("r", a, 0.2)
+        first.append_events("r", "t" * 32, [record(0)])
+        until_expired(first, "r")
+        second.claim("r", b, 30.0)
+        first.append_events("r", "t" * 32, [record(1, zombie=True)])
+        first.flush()
+        assert fenced == ["r"]
+        assert [e.seq for e in second.events("r")] == [0]
+    finally:
+        first.close()
+        second.close()
+
+
+# ---------------------------------------------------------------------- the runtime
+
+
+class Streaming:
+    """Streams two deltas, emits one live and one stored custom event, then finishes."""
+
+    name = "streaming"
+
+    def decide(self, view: Any) -> Finish:
+        view.call.emit({"text": "he"})
+        view.call.emit({"text": "llo"})
+        view.call.event("progress", {"pct": 50})  # live only (the default)
+        view.call.event("summary", "kept", live=False)
+        return Finish(output="hello")
+
+
+def test_a_finished_runs_events_replay_from_the_store_without_live_only_ones(
+    store: CheckpointStore,
+) -> None:
+    with Runtime(store=store) as rt:
+        handle = rt.start("t", agent=Streaming())
+        live = list(handle.events())
+        assert handle.result(WAIT).state is RunState.FINISHED
+        assert any(e.kind is EventKind.MODEL_DELTA for e in live)
+        kept = [
+            e
+            for e in live
+            if e.kind is not EventKind.MODEL_DELTA and e.data.get("live") is not True
+        ]
+        stored = store.events(handle.run_id)
+        assert [(e.seq, e.kind, e.at, e.data) for e in stored] == [
+            (e.seq, e.kind, e.at, e.data) for e in kept
+        ]
+        assert [e.data["name"] for e in stored if e.kind is EventKind.CUSTOM] == ["summary"]
+        assert stored[-1].kind is EventKind.RUN_ENDED
+        replayed = list(rt.events(handle.run_id))  # the run no longer lives here
+        assert [e.model_dump() for e in replayed] == [e.model_dump() for e in stored]
+        assert [e.seq for e in rt.events(handle.run_id, start=stored[3].seq)] == [
+            e.seq for e in stored[3:]
+        ]
+
+        async def frames() -> list[str]:
+            return [f async for f in rt.events(handle.run_id).sse(keepalive=None)]
+
+        sse = asyncio.run(frames())
+        assert [f.split("\n")[0] for f in sse] == [f"id: {e.seq}" for e in stored]
+
+
+def test_a_resumed_runs_seqs_continue_and_its_whole_stream_replays(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    first = Runtime(store=SqliteStore(path))
+    handle = first.start("t", agent=asking_agent())
+    wait_event(handle, EventKind.CHECKPOINT, lambda e: handle.state is RunState.WAITING)
+    first.shutdown(cancel_runs=False)
+    before = SqliteStore(path)
+    try:
+        parked = before.events(handle.run_id)
+    finally:
+        before.close()
+    assert parked
+    assert [e.seq for e in parked] == list(range(len(parked)))
+    with Runtime(store=SqliteStore(path)) as later:
+        resumed = later.resume(handle.run_id, agent=asking_agent())
+        stream = later.events(handle.run_id)  # live here: the stored prefix, then live
+        resumed.send("hello")
+        assert resumed.result(WAIT).state is RunState.FINISHED
+        seen = list(stream)
+        stored = later.store.events(handle.run_id)
+    seqs = [e.seq for e in seen]
+    assert seqs == sorted(set(seqs))
+    assert seqs[0] == 0
+    assert seen[: len(parked)] == parked
+    assert seen[len(parked)].seq == len(parked)  # the resumed stream goes on after them
+    assert seen[-1].kind is EventKind.RUN_ENDED
+    assert [e.seq for e in stored] == seqs
+
+
+def test_another_runtime_follows_a_runs_events_live_until_it_ends(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    gate = Gate()
+    agent = ScriptedAgent([plan(call("gate", value="one"))], then=Finish(output="done"))
+    with (
+        Runtime(store=SqliteStore(path), tools=[gate.tool()]) as owner,
+        Runtime(store=SqliteStore(path)) as other,
+    ):
+        handle = owner.start("t", agent=agent)
+        gate.wait_started()
+        wait_event(handle, EventKind.TOOL_STARTED)
+        owner.store.flush()
+        seen: list[RunEvent] = []
+        started = threading.Event()
+
+        def follow() -> None:
+            for event in other.events(handle.run_id, timeout=WAIT):
+                seen.append(event)
+                if event.kind is EventKind.TOOL_STARTED:
+                    started.set()
+
+        follower = threading.Thread(target=follow)
+        follower.start()
+        assert started.wait(WAIT)  # replayed what was stored before the stream began
+        gate.release()  # the rest is followed live
+        follower.join(WAIT)
+        assert not follower.is_alive()
+        assert handle.result(WAIT).state is RunState.FINISHED
+        live = [e for e in handle.events() if e.kind is not EventKind.MODEL_DELTA]
+    assert seen[-1].kind is EventKind.RUN_ENDED
+    assert [(e.seq, e.kind, e.at) for e in seen] == [(e.seq, e.kind, e.at) for e in live]
+
+
+def test_async_iteration_of_a_run_elsewhere_survives_a_cancelled_wait(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    with (
+        Runtime(store=SqliteStore(path)) as owner,
+        Runtime(store=SqliteStore(path)) as other,
+    ):
+        handle = owner.start("t", agent=asking_agent())
+        wait_event(handle, EventKind.CHECKPOINT, lambda e: handle.state is RunState.WAITING)
+        owner.store.flush()
+
+        async def follow() -> list[RunEvent]:
+            stream = other.events(handle.run_id)
+            out: list[RunEvent] = []
+            while True:  # everything stored so far, until the run waits quietly
+                try:
+                    out.append(await asyncio.wait_for(stream.__anext__(), 0.5))
+                except TimeoutError:
+                    break
+            handle.send("go")  # a cancelled wait lost nothing: the stream goes on
+            out.extend([event async for event in stream])
+            return out
+
+        seen = asyncio.run(follow())
+        assert handle.result(WAIT).state is RunState.FINISHED
+    seqs = [e.seq for e in seen]
+    assert seqs == list(range(len(seqs)))
+    assert seen[-1].kind is EventKind.RUN_ENDED
+    assert any(e.kind is EventKind.MESSAGE_DELIVERED for e in seen)
+
+
+def test_a_child_runs_id_gives_its_own_events_from_its_roots_stream(
+    store: CheckpointStore,
+) -> None:
+    child_agent = ScriptedAgent([], then=Finish(output="child done"), name="helper")
+    parent = ScriptedAgent(
+        [Plan(steps=[SubagentCall(agent="helper", task="sub")])],
+        then=Finish(output="parent done"),
+        name="lead",
+    )
+    with Runtime(store=store, agents={"helper": child_agent}) as rt:
+        handle = rt.start("t", agent=parent)
+        assert handle.result(WAIT).state is RunState.FINISHED
+        stored = store.events(handle.run_id)
+        child_ids = {e.run_id for e in stored} - {handle.run_id}
+        assert len(child_ids) == 1
+        (child_id,) = child_ids
+        own = list(rt.events(child_id))
+    assert own
+    assert all(e.run_id == child_id for e in own)
+    assert own[-1].kind is EventKind.RUN_ENDED
+    assert [e.seq for e in own] == [e.seq for e in stored if e.run_id == child_id]
+
+
+# ---------------------------------------------------------------------- message_id here
+
+
+def test_a_message_id_sent_twice_to_a_run_that_lives_here_is_one_message(
+    store: CheckpointStore,
+) -> None:
+    seen: list[str] = []
+
+    def decide(view: Any) -> Finish | AskUser:
+        seen.extend(m.content for m in view.delivered)
+        return Finish(output=list(seen)) if len(seen) >= 2 else AskUser(question="more?")
+
+    agent = ScriptedAgent([], then=decide)
+    with Runtime(store=store) as rt:
+        handle = rt.start("t", agent=agent)
+        wait_event(handle, EventKind.CHECKPOINT, lambda e: handle.state is RunState.WAITING)
+        first = handle.send("one", message_id="m-1")
+        assert handle.send("one", message_id="m-1") == first
+        assert rt.send(handle.run_id, "one", message_id="m-1") == first
+        second = rt.send(handle.run_id, "two", message_id="m-2")
+        assert second == first + 1
+        assert handle.result(WAIT).output == ["one", "two"]
+        assert handle.send("one", message_id="m-1") == first  # a retry after the end, too
+        if isinstance(store, SqliteStore):
+            assert store.message_seq(handle.run_id, "m-2") == second
