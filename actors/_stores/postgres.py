@@ -13,7 +13,6 @@ given up with `store_unavailable` exactly as SQLite's is (docs/reliability.md).
 
 from __future__ import annotations
 
-import functools
 import queue
 import threading
 import zlib
@@ -39,18 +38,12 @@ from .postgres_conn import Connections, _redacted
 from .postgres_events import PostgresEvents, apply_events, event_rows
 from .postgres_listen import PgWatcher
 from .postgres_own import NOW, PostgresOwnership
+from .postgres_reads import PostgresReads
 from .postgres_schema import SCHEMA_VERSION, check_schema_name, migrate
 from .sqlite_files import notify_failed, notify_stored, unavailable
-from .sqlite_rows import checked, decoded, named, revision_info, summary
 from .store import (
     CheckpointStore,
-    RevisionInfo,
-    RunSummary,
-    StoredRun,
     check_record,
-    corrupt_row,
-    join_snapshot,
-    not_found,
     split_snapshot,
 )
 
@@ -72,7 +65,7 @@ def _text(value: str) -> str:
     return value.replace("\x00", "\ufffd") if "\x00" in value else value
 
 
-class PostgresStore(PostgresEvents, PostgresOwnership, CheckpointStore):
+class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, CheckpointStore):
     """A durable store in a PostgreSQL database, shared by any number of hosts.
 
     Args:
@@ -512,127 +505,6 @@ class PostgresStore(PostgresEvents, PostgresOwnership, CheckpointStore):
             # Nobody needs a finished run's lease: released with its last write.
             conn.execute(f"UPDATE {s}.leases SET expires_at=0 WHERE run_id=%s", (run_id,))
         return None
-
-    # ------------------------------------------------------------------ reads
-
-    def load(self, run_id: str, revision: int | None = None) -> StoredRun:
-        """Load a run at `revision` (None: the latest), from one consistent snapshot of the
-        database.
-
-        Raises:
-            SteerableError: `not_found`; `checkpoint_corrupt` (naming the run and revision)
-                for a row whose checksum fails or that does not decode or validate;
-                `checkpoint_incompatible` for a newer format; `store_unavailable`.
-        """
-        self.flush()
-        s = self._s
-
-        def read(conn: psycopg.Connection[Any]) -> Any:
-            row = conn.execute(
-                f"SELECT revision, static, crc FROM {s}.runs WHERE run_id=%s", (run_id,)
-            ).fetchone()
-            if row is None:
-                raise not_found(run_id)
-            latest = int(row[0])
-            wanted = latest if revision is None else revision
-            rev = conn.execute(
-                f"SELECT snapshot, crc FROM {s}.revisions WHERE run_id=%s AND revision=%s",
-                (run_id, wanted),
-            ).fetchone()
-            if rev is None:
-                raise not_found(run_id, revision)
-            snapshot = named(
-                run_id,
-                wanted,
-                lambda: join_snapshot(
-                    checked(bytes(row[1]), row[2], run_id, "run"),
-                    checked(bytes(rev[0]), rev[1], run_id, f"revision {wanted}"),
-                    run_id=run_id,
-                    revision=wanted,
-                ),
-            )
-            entries = conn.execute(
-                f"SELECT idx, entry, crc FROM {s}.entries WHERE run_id=%s AND idx<%s ORDER BY idx",
-                (run_id, snapshot.transcript_len),
-            ).fetchall()
-            journal: list[Any] = []
-            messages: list[Any] = []
-            if wanted == latest:
-                journal = conn.execute(
-                    f"SELECT call_id, result, crc FROM {s}.journal WHERE run_id=%s", (run_id,)
-                ).fetchall()
-                messages = conn.execute(
-                    f"SELECT seq, message, crc FROM {s}.inbox WHERE run_id=%s AND seq>%s "
-                    "ORDER BY seq",
-                    (run_id, snapshot.last_seq),
-                ).fetchall()
-            return wanted, snapshot, entries, journal, messages
-
-        at, snapshot, entries, journal, messages = self._conns.run(
-            read, what="read", read_only=True
-        )
-        if snapshot.revision != at:
-            raise corrupt_row(run_id, at, f"the row holds revision {snapshot.revision}")
-        if len(entries) != snapshot.transcript_len or any(
-            idx != i for i, (idx, _, _) in enumerate(entries)
-        ):
-            raise corrupt_row(
-                run_id, at, f"transcript has {len(entries)} of {snapshot.transcript_len} entries"
-            )
-        return StoredRun(
-            snapshot=snapshot,
-            transcript=[
-                decoded(bytes(b), c, run_id, at, f"entry {i}", "entry") for i, b, c in entries
-            ],
-            journal={
-                cid: decoded(bytes(b), c, run_id, at, f"journal {cid}", "entry")
-                for cid, b, c in journal
-            },
-            messages=[
-                decoded(bytes(b), c, run_id, at, f"message {seq}", "host_message")
-                for seq, b, c in messages
-            ],
-        )
-
-    def revisions(self, run_id: str) -> list[RevisionInfo]:
-        """Every revision of a run, oldest first.
-
-        Raises:
-            SteerableError: `not_found`; `checkpoint_corrupt` naming the run and revision.
-        """
-        self.flush()
-        s = self._s
-        rows = self._conns.run(
-            lambda c: c.execute(
-                f"SELECT revision, snapshot, crc FROM {s}.revisions WHERE run_id=%s "
-                "ORDER BY revision",
-                (run_id,),
-            ).fetchall(),
-            what="read",
-        )
-        if not rows:
-            raise not_found(run_id)
-        return [
-            named(
-                run_id,
-                int(n),
-                functools.partial(revision_info, run_id, int(n), bytes(blob), crc),
-            )
-            for n, blob, crc in rows
-        ]
-
-    def runs(self) -> list[RunSummary]:
-        """Every run in the store, oldest first (run ids sort by creation time)."""
-        self.flush()
-        s = self._s
-        rows = self._conns.run(
-            lambda c: c.execute(
-                "SELECT run_id, state, revision, task, agent, parent_run_id, updated_at "
-                f'FROM {s}.runs ORDER BY run_id COLLATE "C"'
-            ).fetchall(),
-            what="read",
-        )
-        return [summary((r[0], r[1], int(r[2]), r[3], r[4], r[5], r[6])) for r in rows]
 
     def __repr__(self) -> str:
         return f"PostgresStore({_redacted(self._conns.dsn)!r}, schema={self.schema!r})"

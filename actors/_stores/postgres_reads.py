@@ -1,0 +1,151 @@
+"""`PostgresStore`'s reads: a run at a revision, its revisions, the runs (docs/durability.md).
+
+Each read runs in one consistent snapshot of the database (a read-only transaction) and checks
+every row's checksum as SQLite's reads do; the writer's queue is flushed first, so a read sees
+this store object's own writes.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+from .sqlite_rows import checked, decoded, named, revision_info, summary
+from .store import RevisionInfo, RunSummary, StoredRun, corrupt_row, join_snapshot, not_found
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from .postgres_conn import Connections
+
+__all__ = ["PostgresReads"]
+
+
+class PostgresReads:
+    """The read side of `PostgresStore` (a base of it; the store provides these attributes)."""
+
+    _conns: Connections
+    _s: str
+
+    if TYPE_CHECKING:
+
+        def flush(self, timeout: float | None = None) -> bool: ...
+
+    def load(self, run_id: str, revision: int | None = None) -> StoredRun:
+        """Load a run at `revision` (None: the latest), from one consistent snapshot of the
+        database.
+
+        Raises:
+            SteerableError: `not_found`; `checkpoint_corrupt` (naming the run and revision)
+                for a row whose checksum fails or that does not decode or validate;
+                `checkpoint_incompatible` for a newer format; `store_unavailable`.
+        """
+        self.flush()
+        s = self._s
+
+        def read(conn: psycopg.Connection[Any]) -> Any:
+            row = conn.execute(
+                f"SELECT revision, static, crc FROM {s}.runs WHERE run_id=%s", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise not_found(run_id)
+            latest = int(row[0])
+            wanted = latest if revision is None else revision
+            rev = conn.execute(
+                f"SELECT snapshot, crc FROM {s}.revisions WHERE run_id=%s AND revision=%s",
+                (run_id, wanted),
+            ).fetchone()
+            if rev is None:
+                raise not_found(run_id, revision)
+            snapshot = named(
+                run_id,
+                wanted,
+                lambda: join_snapshot(
+                    checked(bytes(row[1]), row[2], run_id, "run"),
+                    checked(bytes(rev[0]), rev[1], run_id, f"revision {wanted}"),
+                    run_id=run_id,
+                    revision=wanted,
+                ),
+            )
+            entries = conn.execute(
+                f"SELECT idx, entry, crc FROM {s}.entries WHERE run_id=%s AND idx<%s ORDER BY idx",
+                (run_id, snapshot.transcript_len),
+            ).fetchall()
+            journal: list[Any] = []
+            messages: list[Any] = []
+            if wanted == latest:
+                journal = conn.execute(
+                    f"SELECT call_id, result, crc FROM {s}.journal WHERE run_id=%s", (run_id,)
+                ).fetchall()
+                messages = conn.execute(
+                    f"SELECT seq, message, crc FROM {s}.inbox WHERE run_id=%s AND seq>%s "
+                    "ORDER BY seq",
+                    (run_id, snapshot.last_seq),
+                ).fetchall()
+            return wanted, snapshot, entries, journal, messages
+
+        at, snapshot, entries, journal, messages = self._conns.run(
+            read, what="read", read_only=True
+        )
+        if snapshot.revision != at:
+            raise corrupt_row(run_id, at, f"the row holds revision {snapshot.revision}")
+        if len(entries) != snapshot.transcript_len or any(
+            idx != i for i, (idx, _, _) in enumerate(entries)
+        ):
+            raise corrupt_row(
+                run_id, at, f"transcript has {len(entries)} of {snapshot.transcript_len} entries"
+            )
+        return StoredRun(
+            snapshot=snapshot,
+            transcript=[
+                decoded(bytes(b), c, run_id, at, f"entry {i}", "entry") for i, b, c in entries
+            ],
+            journal={
+                cid: decoded(bytes(b), c, run_id, at, f"journal {cid}", "entry")
+                for cid, b, c in journal
+            },
+            messages=[
+                decoded(bytes(b), c, run_id, at, f"message {seq}", "host_message")
+                for seq, b, c in messages
+            ],
+        )
+
+    def revisions(self, run_id: str) -> list[RevisionInfo]:
+        """Every revision of a run, oldest first.
+
+        Raises:
+            SteerableError: `not_found`; `checkpoint_corrupt` naming the run and revision.
+        """
+        self.flush()
+        s = self._s
+        rows = self._conns.run(
+            lambda c: c.execute(
+                f"SELECT revision, snapshot, crc FROM {s}.revisions WHERE run_id=%s "
+                "ORDER BY revision",
+                (run_id,),
+            ).fetchall(),
+            what="read",
+        )
+        if not rows:
+            raise not_found(run_id)
+        return [
+            named(
+                run_id,
+                int(n),
+                functools.partial(revision_info, run_id, int(n), bytes(blob), crc),
+            )
+            for n, blob, crc in rows
+        ]
+
+    def runs(self) -> list[RunSummary]:
+        """Every run in the store, oldest first (run ids sort by creation time)."""
+        self.flush()
+        s = self._s
+        rows = self._conns.run(
+            lambda c: c.execute(
+                "SELECT run_id, state, revision, task, agent, parent_run_id, updated_at "
+                f'FROM {s}.runs ORDER BY run_id COLLATE "C"'
+            ).fetchall(),
+            what="read",
+        )
+        return [summary((r[0], r[1], int(r[2]), r[3], r[4], r[5], r[6])) for r in rows]
