@@ -113,10 +113,11 @@ def test_deny_cancel_and_interrupt_in_process(tmp_path: Path) -> None:
             )
             assert sent.status_code == 200
             await _first(rt, run_id, EventKind.MESSAGE_DELIVERED)
+            handle = rt.handle(run_id)  # while it lives: an ended run has no live handle
             assert (await client.post(f"/runs/{run_id}/cancel")).json() == {"cancelled": True}
             # cancel() returns once the cancellation is claimed; the run ends on its
             # supervisor's thread right after (docs/steering.md): wait for that, then look.
-            await _first(rt, run_id, EventKind.RUN_ENDED)
+            await handle.wait()
             state = (await client.get(f"/runs/{run_id}")).json()
             assert state["state"] == "cancelled"
             assert (await client.post(f"/runs/{run_id}/cancel")).json() == {"cancelled": False}
