@@ -44,11 +44,18 @@ else:  # pytest puts tests/ on sys.path (rootdir "prepend" import mode)
 WAIT = 90.0  # fail-instead-of-hang bound
 STEPS = 12
 RUNS = 3
+MIDWAY = STEPS // 2
+
+_midway = threading.Event()  # a run's tool reached step MIDWAY
+_go_on = threading.Event()  # the first hit is done: the held steps go on
 
 
 @tool
 def step(i: int) -> int:
-    """One quick tool step."""
+    """One quick tool step; step MIDWAY holds until the chaos hit once (so it hits mid-run)."""
+    if i == MIDWAY:
+        _midway.set()
+        _go_on.wait(WAIT)
     return i
 
 
@@ -69,7 +76,25 @@ def chaos_agent(wanted: int) -> ScriptedAgent:
     )
 
 
-def _run_with_chaos(schema: str, chaos: Callable[[threading.Event], None]) -> None:
+def _run_with_chaos(schema: str, hit: Callable[[], Any], times: int, every: float) -> list[Any]:
+    """Runs under `times` hits, the first while a run holds its step MIDWAY (held until the hit
+    is done: no run can end before it), the others `every` seconds apart; what each returned."""
+    hits: list[Any] = []
+    _midway.clear()
+    _go_on.clear()
+
+    def chaos(stop: threading.Event) -> None:
+        try:
+            if not _midway.wait(WAIT):
+                return
+            hits.append(hit())
+        finally:
+            _go_on.set()
+        for _ in range(times - 1):
+            if stop.wait(every):
+                return
+            hits.append(hit())
+
     per_run = 6  # messages per run: half from the owner's runtime, half from another one
     stores = [pg_store(schema, write_timeout=60.0) for _ in range(2)]
     stop = threading.Event()
@@ -119,33 +144,18 @@ def _run_with_chaos(schema: str, chaos: Callable[[threading.Event], None]) -> No
         check.close()
     for store in stores:
         assert store.statistics()["writes_given_up"] == 0
+    return hits
 
 
 def test_every_backend_terminated_again_and_again_loses_nothing(pg_schema: str) -> None:
-    killed: list[int] = []
-
-    def chaos(stop: threading.Event) -> None:
-        for _ in range(10):  # every connection of every store, the listeners', the pools'
-            if stop.wait(0.1):
-                return
-            killed.append(terminate_backends())
-
-    _run_with_chaos(pg_schema, chaos)
-    assert sum(killed) > 0  # the chaos did hit live connections
+    # Every connection of every store, the listeners', the pools'.
+    killed = _run_with_chaos(pg_schema, terminate_backends, times=10, every=0.1)
+    assert killed[0] > 0  # the first hit, mid-run, did hit live connections
 
 
 def test_a_server_restart_mid_run_loses_nothing(pg_schema: str) -> None:
-    restarts: list[Any] = []
-
-    def chaos(stop: threading.Event) -> None:
-        for _ in range(2):
-            if stop.wait(0.3):
-                return
-            restart_server()
-            restarts.append(True)
-
-    _run_with_chaos(pg_schema, chaos)
-    assert restarts
+    restarts = _run_with_chaos(pg_schema, lambda: restart_server() or True, times=2, every=0.3)
+    assert restarts[0]  # the first restart came with the runs mid-way
 
 
 def test_a_server_down_past_write_timeout_is_store_unavailable_and_nothing_is_said_stored(

@@ -100,6 +100,8 @@ def check_foreign(path: Path) -> bool:
     # its last connection would then delete the WAL this one still writes to.
     if not os.access(path, os.R_OK):
         raise _error(ErrorCode.CHECKPOINT_CORRUPT, path, "cannot read: permission denied")
+    # A header that says WAL (byte 19, read version 2) makes even a read-only open create -wal and -shm.
+    absent = [s for s in _sidecars(path) if not s.exists()]
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
     except sqlite3.Error:
@@ -124,11 +126,20 @@ def check_foreign(path: Path) -> bool:
         # store's own open reports it (`store_unavailable`), and it writes nothing either.
         return True
     except sqlite3.DatabaseError as exc:
+        conn.close()
+        # Not a database, so nobody uses it as one: the sidecars SQLite just made are ours to
+        # take back, and the file is left as it was found.
+        for sidecar in absent:
+            sidecar.unlink(missing_ok=True)
         if "not a database" in str(exc):
             raise _error(ErrorCode.CHECKPOINT_CORRUPT, path, "not an SQLite database") from None
         raise _error(ErrorCode.CHECKPOINT_CORRUPT, path, f"unreadable: {exc}") from None
     finally:
         conn.close()
+
+
+def _sidecars(path: Path) -> list[Path]:
+    return [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm")]
 
 
 def migrate(conn: sqlite3.Connection, path: Path) -> int:
