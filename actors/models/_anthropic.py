@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any
 
 import pydantic
@@ -11,7 +10,7 @@ import pydantic
 from steerable.actors._tools.schema import anthropic_tool
 from steerable.protocol import RunView, Usage
 
-from .base import ModelAgent, ModelReply, ReplyToolCall, emitter, missing_extra
+from .base import ModelAgent, ModelReply, ReplyToolCall, emitter, missing_extra, sdk_client
 from .errors import ProviderError, classify_status, parse_retry_after, provider_error
 from .mapping import ToolNames, to_anthropic_messages
 
@@ -72,15 +71,14 @@ class AnthropicAgent(ModelAgent):
         except ImportError:
             raise missing_extra("anthropic", "anthropic") from None
         self._sdk = anthropic
-        if client is None:
-            options: dict[str, Any] = {"max_retries": 0}
-            if timeout is not None:
-                options["timeout"] = timeout
-            key = api_key or os.environ.get("ANTHROPIC_API_KEY") or (base_url and "not-needed")
-            client = anthropic.AsyncAnthropic(base_url=base_url, api_key=key or None, **options)
-        elif hasattr(client, "with_options"):
-            client = client.with_options(max_retries=0)
-        self.client = client
+        self.client = sdk_client(
+            anthropic.AsyncAnthropic,
+            "ANTHROPIC_API_KEY",
+            client=client,
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout,
+        )
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.request_options = dict(request_options or {})

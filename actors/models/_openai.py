@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any
 
 import pydantic
@@ -11,7 +10,7 @@ import pydantic
 from steerable.actors._tools.schema import openai_tool
 from steerable.protocol import RunView, Usage
 
-from .base import ModelAgent, ModelReply, ReplyToolCall, emitter, missing_extra
+from .base import ModelAgent, ModelReply, ReplyToolCall, emitter, missing_extra, sdk_client
 from .errors import ProviderError, classify_status, parse_retry_after, provider_error
 from .mapping import ToolNames, to_openai_messages
 
@@ -80,15 +79,14 @@ class OpenAIChatAgent(ModelAgent):
         except ImportError:
             raise missing_extra("openai", "openai") from None
         self._sdk = openai
-        if client is None:
-            options: dict[str, Any] = {"max_retries": 0}
-            if timeout is not None:
-                options["timeout"] = timeout
-            key = api_key or os.environ.get("OPENAI_API_KEY") or (base_url and "not-needed")
-            client = openai.AsyncOpenAI(base_url=base_url, api_key=key or None, **options)
-        elif hasattr(client, "with_options"):
-            client = client.with_options(max_retries=0)
-        self.client = client
+        self.client = sdk_client(
+            openai.AsyncOpenAI,
+            "OPENAI_API_KEY",
+            client=client,
+            base_url=base_url,
+            api_key=api_key,
+            timeout=timeout,
+        )
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.strict_tools = strict_tools

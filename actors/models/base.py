@@ -9,6 +9,7 @@ here, so writing an adapter for another provider is those three (docs/models.md)
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,7 @@ from steerable.protocol import (
 
 from .mapping import ASK_TOOL, FINAL_TOOL, ToolNames
 
-__all__ = ["ModelAgent", "ModelReply", "ReplyToolCall", "missing_extra"]
+__all__ = ["ModelAgent", "ModelReply", "ReplyToolCall", "missing_extra", "sdk_client"]
 
 _MAX_INVALID_JSON = 2_000
 _MAX_ERRORS_SHOWN = 5
@@ -41,6 +42,29 @@ def missing_extra(package: str, extra: str) -> ImportError:
     return ImportError(
         f"this model adapter needs the {package!r} package: pip install 'steerable[{extra}]'"
     )
+
+
+def sdk_client(
+    make: Callable[..., Any],
+    key_variable: str,
+    *,
+    client: Any,
+    base_url: str | None,
+    api_key: str | None,
+    timeout: float | None,
+) -> Any:
+    """The SDK client an adapter calls: `client` as given, or one made with `make`.
+
+    The SDK's own retries are off (`max_retries=0`) on both, because the run retries with
+    its `RetryPolicy` (docs/models.md). A local server at `base_url` needs no key.
+    """
+    if client is not None:
+        return client.with_options(max_retries=0) if hasattr(client, "with_options") else client
+    options: dict[str, Any] = {"max_retries": 0}
+    if timeout is not None:
+        options["timeout"] = timeout
+    key = api_key or os.environ.get(key_variable) or (base_url and "not-needed")
+    return make(base_url=base_url, api_key=key or None, **options)
 
 
 @dataclass
