@@ -221,9 +221,10 @@ def test_a_notify_wakes_the_owner_well_before_the_poll_interval(pg_schema: str) 
         Runtime(store=pg_store(pg_schema, poll_interval=30.0)) as other,
     ):
         run_id = _waiting_run(owner)
+        handle = owner.handle(run_id)  # taken while it lives (an ended run has no live handle)
         sent = time.monotonic()
         other.send(run_id, "hello")
-        assert owner.handle(run_id).result(WAIT).output == ["hello"]
+        assert handle.result(WAIT).output == ["hello"]
         assert time.monotonic() - sent < 30.0  # the NOTIFY did it, not the 30 s poll
 
 
@@ -234,11 +235,12 @@ def test_a_lost_notify_is_delivered_by_the_poll(pg_schema: str) -> None:
         Runtime(store=pg_store(pg_schema)) as other,
     ):
         run_id = _waiting_run(owner)
+        handle = owner.handle(run_id)
         other.store.channel = "steerable_ops_nobody"  # type: ignore[attr-defined]  # lost
         sent = time.monotonic()
         seq = other.send(run_id, "hello")
         assert seq >= 0
-        assert owner.handle(run_id).result(WAIT).output == ["hello"]
+        assert handle.result(WAIT).output == ["hello"]
         assert time.monotonic() - sent < poll + WAIT / 10  # within the poll (load margin)
 
 
@@ -252,9 +254,10 @@ def test_a_killed_listener_re_listens_and_rescans(pg_schema: str) -> None:
         watcher = store._watchers[0]
         assert watcher.listening.wait(WAIT)
         run_id = _waiting_run(owner)
+        handle = owner.handle(run_id)
         assert terminate_backends(LISTEN_APPLICATION) >= 1  # both runtimes' listeners
         other.send(run_id, "while the listener was down")  # its NOTIFY may reach nobody
-        assert owner.handle(run_id).result(WAIT).output == ["while the listener was down"]
+        assert handle.result(WAIT).output == ["while the listener was down"]
         deadline = time.monotonic() + WAIT
         while watcher.reconnects < 1 and time.monotonic() < deadline:
             threading.Event().wait(0.01)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -34,13 +33,14 @@ from steerable.protocol import (
 from steerable.protocol._codec import encode, encode_body
 
 from .lease import Owner
+from .postgres_batch import FENCED_OPS, Batch, message_statement
 from .postgres_conn import Connections, _redacted
-from .postgres_events import PostgresEvents, apply_events, event_rows
+from .postgres_events import PostgresEvents, event_rows
 from .postgres_listen import PgWatcher
-from .postgres_own import NOW, PostgresOwnership
+from .postgres_own import PostgresOwnership
 from .postgres_reads import PostgresReads
 from .postgres_schema import SCHEMA_VERSION, check_schema_name, migrate
-from .sqlite_files import notify_failed, notify_stored, unavailable
+from .sqlite_files import notify_failed, notify_stored
 from .store import (
     CheckpointStore,
     check_record,
@@ -48,7 +48,6 @@ from .store import (
 )
 
 if TYPE_CHECKING:
-    import psycopg
     import psycopg_pool
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore"]
@@ -57,12 +56,6 @@ _log = get_logger("steerable.postgres")
 
 _STOP = object()
 _PROBE = 0.25  # seconds of retrying a store whose last write was given up gets
-_FENCED_OPS = frozenset({"checkpoint", "journal", "events"})
-
-
-def _text(value: str) -> str:
-    # PostgreSQL text cannot hold NUL; the listing columns only (the blobs keep it exactly).
-    return value.replace("\x00", "\ufffd") if "\x00" in value else value
 
 
 class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, CheckpointStore):
@@ -135,6 +128,7 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
         self._given_up: BaseException | None = None
         self._gave_up = 0
         self._static_written: set[str] = set()  # the writer thread's only
+        self._leased: set[str] = set()  # new runs whose lease row exists (writer thread only)
         self._held: dict[str, tuple[Owner, int]] = {}
         """Runs this store object writes for: run id -> (owner, epoch)."""
         self._held_lock = threading.Lock()
@@ -162,19 +156,32 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
     ) -> None:
         """Store a host message; returns once it is committed (durable steering).
 
-        `message_id` is not stored yet (a run living here dedupes it in memory).
+        `message_id` is stored with it, unique per run (`message_seq` finds it): a message
+        id the run's inbox holds already is not stored twice.
 
         Raises:
             SteerableError: `store_unavailable` if the write was given up (nothing stored).
             TypeError, ValueError: `check_record` refuses the message; nothing is stored.
         """
-        del message_id
         check_record(message)
         self._check_open()
-        done: Future[None] = Future()
-        self._queue.put(
-            (("inbox", run_id, message.seq, encode(message, kind="host_message")), done, None)
-        )
+        blob = encode(message, kind="host_message")
+        if self._given_up is None:
+            # One autocommit statement on the sender's thread, committed on return: a host
+            # message waits for its commit anyway, and senders then commit side by side
+            # instead of queueing behind the writer's batches (W9pg). Order is kept: a
+            # checkpoint that reflects the message is queued only after it is delivered.
+            sql, params = message_statement(self._s, run_id, message.seq, blob, message_id)
+            try:
+                self._conns.run(
+                    lambda conn: conn.execute(sql.encode(), params), what="message", bare=True
+                )
+            except SteerableError:
+                self._check_open()
+                raise
+            return
+        done: Future[None] = Future()  # a failing store: the writer probes it (_PROBE)
+        self._queue.put((("inbox", run_id, message.seq, blob, message_id), done, None))
         done.result()
 
     def journal(
@@ -288,11 +295,12 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
         error: SteerableError | None = None
         fenced: set[str] = set()
         try:
-            fence, added, late = self._conns.run(
-                lambda conn: self._transact(conn, batch, prepared),
-                what="write",
-                budget=budget,
+            writes = self._statements(batch, prepared)
+            statements = writes.close()
+            results = (
+                self._conns.pipelined(statements, what="write", budget=budget) if statements else []
             )
+            fence, added, late = writes.outcome(results)
         except SteerableError as exc:
             self._given_up = exc
             self._gave_up += 1
@@ -307,12 +315,13 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
             self._given_up = None
             refused.update(late)
             self._static_written.update(added)
+            self._leased.update(r for r, ok in fence.items() if ok and writes.held[r][1] == 1)
             fenced = {run_id for run_id, ok in fence.items() if not ok}
             self._after_commit(batch, fenced)
         for index, (op, done, failed) in enumerate(batch):
             why = error if error is not None else refused.get(index)
             if why is None:
-                if op[0] not in _FENCED_OPS or op[1] not in fenced:
+                if op[0] not in FENCED_OPS or op[1] not in fenced:
                     notify_stored(done)  # a refused (fenced) write is never said stored
             else:
                 notify_failed(done, failed, why)
@@ -323,10 +332,12 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
         with self._held_lock:
             for run_id in fenced:
                 self._held.pop(run_id, None)
+                self._leased.discard(run_id)
             for op, _, _ in batch:
                 if op[0] == "checkpoint" and RunState(op[3]["state"]).is_terminal:
                     self._held.pop(op[1], None)
                     self._static_written.discard(op[1])
+                    self._leased.discard(op[1])
 
     def _prepare(self, op: tuple[Any, ...]) -> Any:
         """Encode a write before its transaction (a retry encodes nothing again)."""
@@ -343,168 +354,32 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
             [encode(entry, kind="entry") for entry in entries],
         )
 
-    def _transact(
-        self,
-        conn: psycopg.Connection[Any],
-        batch: list[tuple[Any, Any, Any]],
-        prepared: dict[int, Any],
-    ) -> tuple[dict[str, bool], set[str], dict[int, SteerableError]]:
-        """One batch in one transaction (may run again after a lost connection).
-
-        Returns the fence verdict per run, the runs whose static row this batch wrote, and
-        the writes refused because an earlier revision was not stored."""
-        fence = self._fence(conn, batch)
-        added: set[str] = set()
-        late: dict[int, SteerableError] = {}
-        s = self._s
+    def _statements(self, batch: list[tuple[Any, Any, Any]], prepared: dict[int, Any]) -> Batch:
+        """One batch's statements (postgres_batch.py), built once: a retry sends them again."""
+        agents: dict[str, str] = {}
+        for op, _, _ in batch:
+            if op[0] in FENCED_OPS:
+                agent = op[3]["agent"] if op[0] == "checkpoint" else ""
+                agents[op[1]] = agents.get(op[1]) or agent
+        with self._held_lock:
+            held = {r: self._held[r] for r in agents if r in self._held}
+        writes = Batch(self._s, held, self._ttl, self._static_written, self._leased)
+        writes.lock_leases(agents)
         for index, (op, _, _) in enumerate(batch):
             if index not in prepared:
                 continue
             kind = op[0]
             if kind == "checkpoint":
-                if fence.get(op[1], True):
-                    why = self._apply_checkpoint(conn, op, prepared[index], added)
-                    if why is not None:
-                        late[index] = why
+                writes.checkpoint(index, op, prepared[index])
             elif kind == "journal":
-                _, run_id, call_id, blob = op
-                if fence.get(run_id, True):
-                    conn.execute(
-                        f"INSERT INTO {s}.journal VALUES (%s,%s,%s,%s) ON CONFLICT "
-                        "(run_id, call_id) DO UPDATE SET result=excluded.result, crc=excluded.crc",
-                        (run_id, call_id, blob, zlib.crc32(blob)),
-                    )
+                writes.journal(op[1], op[2], op[3])
             elif kind == "inbox":
-                _, run_id, seq, blob = op
-                conn.execute(
-                    f"INSERT INTO {s}.inbox (run_id, seq, message, crc) VALUES (%s,%s,%s,%s) "
-                    "ON CONFLICT (run_id, seq) DO UPDATE SET message=excluded.message, "
-                    "crc=excluded.crc",
-                    (run_id, seq, blob, zlib.crc32(blob)),
-                )
+                writes.inbox(op[1], op[2], op[3], op[4])
             elif kind == "events":
-                if fence.get(op[1], True):
-                    apply_events(conn, s, prepared[index], op[4])
+                writes.events(op[1], prepared[index], op[4])
             elif kind == "release":
-                _, run_id, owner, epoch = op
-                conn.execute(
-                    f"UPDATE {s}.leases SET expires_at=0 WHERE run_id=%s AND owner=%s AND epoch=%s",
-                    (run_id, owner, epoch),
-                )
-        return fence, added, late
-
-    def _fence(
-        self, conn: psycopg.Connection[Any], batch: list[tuple[Any, Any, Any]]
-    ) -> dict[str, bool]:
-        """Whether this store object may write for each held run of the batch, read in the
-        batch's transaction with the lease rows locked (in run-id order: no deadlock)."""
-        agents: dict[str, str] = {}
-        for op, _, _ in batch:
-            if op[0] in _FENCED_OPS:
-                agent = op[3]["agent"] if op[0] == "checkpoint" else ""
-                agents[op[1]] = agents.get(op[1]) or agent
-        with self._held_lock:
-            held = {r: self._held[r] for r in agents if r in self._held}
-        if not held:
-            return {}
-        s = self._s
-        rows = conn.execute(
-            f"SELECT run_id, owner, epoch FROM {s}.leases WHERE run_id = ANY(%s) "
-            "ORDER BY run_id FOR SHARE",
-            (sorted(held),),
-        ).fetchall()
-        stored = {r[0]: (r[1], int(r[2])) for r in rows}
-        fence: dict[str, bool] = {}
-        for run_id, (owner, epoch) in held.items():
-            row = stored.get(run_id)
-            if row is None and epoch == 1:
-                # A new run: its first write makes its lease (nobody else can know it yet).
-                made = conn.execute(
-                    f"INSERT INTO {s}.leases VALUES (%s,%s,%s,%s,1,{NOW} + %s,%s) "
-                    "ON CONFLICT (run_id) DO NOTHING RETURNING epoch",
-                    (run_id, owner.instance_id, owner.host, owner.pid, self._ttl,
-                     _text(agents[run_id])),
-                ).fetchone()  # fmt: skip
-                fence[run_id] = made is not None
-            else:
-                fence[run_id] = row == (owner.instance_id, epoch)
-        return fence
-
-    def _apply_checkpoint(
-        self,
-        conn: psycopg.Connection[Any],
-        op: tuple[Any, ...],
-        blobs: tuple[bytes, bytes, list[bytes]],
-        added: set[str],
-    ) -> SteerableError | None:
-        """Write one revision, only on top of the previous one (see SqliteStore)."""
-        _, run_id, revision, snapshot, entries_from, _ = op
-        static_blob, dynamic_blob, entry_blobs = blobs
-        s = self._s
-        if run_id not in self._static_written and run_id not in added:
-            cursor = conn.execute(
-                f"INSERT INTO {s}.runs VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (run_id) "
-                "DO UPDATE SET state=excluded.state, revision=excluded.revision, "
-                "updated_at=excluded.updated_at, static=excluded.static, crc=excluded.crc "
-                "WHERE excluded.revision <= runs.revision + 1",
-                (
-                    run_id,
-                    snapshot["parent_run_id"],
-                    _text(snapshot["task"]),
-                    _text(snapshot["agent"]),
-                    snapshot["state"],
-                    revision,
-                    snapshot["updated_at"],
-                    static_blob,
-                    zlib.crc32(static_blob),
-                ),
-            )
-            if cursor.rowcount == 1:
-                added.add(run_id)
-        else:
-            cursor = conn.execute(
-                f"UPDATE {s}.runs SET state=%s, revision=%s, updated_at=%s "
-                "WHERE run_id=%s AND revision>=%s",
-                (snapshot["state"], revision, snapshot["updated_at"], run_id, revision - 1),
-            )
-        if cursor.rowcount != 1:
-            return unavailable(
-                f"revision {revision} of run {run_id} not stored: an earlier revision of the "
-                "run was not stored (its write was given up)",
-                run_id=run_id,
-                revision=revision,
-            )
-        with self._held_lock:
-            held = self._held.get(run_id)
-        conn.execute(
-            f"INSERT INTO {s}.revisions VALUES (%s,%s,%s,%s,%s) ON CONFLICT (run_id, revision) "
-            "DO UPDATE SET snapshot=excluded.snapshot, crc=excluded.crc, epoch=excluded.epoch",
-            (
-                run_id,
-                revision,
-                dynamic_blob,
-                zlib.crc32(dynamic_blob),
-                0 if held is None else held[1],
-            ),
-        )
-        if entry_blobs:
-            conn.execute(
-                f"DELETE FROM {s}.entries WHERE run_id=%s AND idx>=%s", (run_id, entries_from)
-            )
-            with conn.cursor() as cur:
-                cur.executemany(
-                    f"INSERT INTO {s}.entries VALUES (%s,%s,%s,%s)",
-                    [
-                        (run_id, entries_from + i, blob, zlib.crc32(blob))
-                        for i, blob in enumerate(entry_blobs)
-                    ],
-                )
-        if not snapshot["plan"]:
-            conn.execute(f"DELETE FROM {s}.journal WHERE run_id=%s", (run_id,))
-        if RunState(snapshot["state"]).is_terminal:
-            # Nobody needs a finished run's lease: released with its last write.
-            conn.execute(f"UPDATE {s}.leases SET expires_at=0 WHERE run_id=%s", (run_id,))
-        return None
+                writes.release(op[1], op[2], op[3])
+        return writes
 
     def __repr__(self) -> str:
         return f"PostgresStore({_redacted(self._conns.dsn)!r}, schema={self.schema!r})"

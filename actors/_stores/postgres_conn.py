@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from steerable.actors._engine.log import get_logger
@@ -33,6 +34,10 @@ _T = TypeVar("_T")
 _FIRST_BACKOFF = 0.01
 _MAX_BACKOFF = 0.5
 _POOL_WAIT = 0.2  # seconds one try waits for a pooled connection before connecting directly
+CHECK_AFTER = 2.0
+"""Seconds a pooled connection may stay unused before the pool checks it (one round trip)
+when it is taken: one idle while a model thought may have been dropped by a server or a
+pooler. A busier one is not checked: a failure on it is retried on a fresh connection."""
 
 _TRANSIENT_CLASSES = frozenset({"08", "40", "53", "55", "57"})
 """SQLSTATE classes worth retrying: connection exceptions, transaction rollbacks
@@ -101,6 +106,7 @@ class Connections:
         self.retry_for = retry_for
         self.closing = threading.Event()
         self.retries = 0
+        self._used: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
         kwargs = {**KEEPALIVES, "autocommit": True, **(connect_kwargs or {})}
         if isinstance(dsn_or_pool, str):
             self.dsn = dsn_or_pool
@@ -110,7 +116,7 @@ class Connections:
                 min_size=min_size,
                 max_size=max_size,
                 kwargs=kwargs,
-                check=pool_mod.ConnectionPool.check_connection,
+                check=self._check,
                 name="steerable-pg-pool",
                 open=False,
                 timeout=max(1.0, retry_for),
@@ -135,6 +141,12 @@ class Connections:
                 f"not {type(dsn_or_pool).__name__}"
             )
 
+    def _check(self, conn: psycopg.Connection[Any]) -> None:
+        """The pool's health check of a connection it hands out (see CHECK_AFTER)."""
+        used = self._used.get(conn)
+        if used is None or time.monotonic() - used > CHECK_AFTER or conn.closed:
+            type(self.pool).check_connection(conn)
+
     def connect(self) -> psycopg.Connection[Any]:
         """A connection outside the pool (the listener), autocommit, keepalives on."""
         conn: psycopg.Connection[Any] = self.psycopg.connect(self.dsn, **self.connect_kwargs)
@@ -147,9 +159,14 @@ class Connections:
         what: str,
         budget: float | None = None,
         read_only: bool = False,
+        bare: bool = False,
     ) -> _T:
         """`work(conn)` in one transaction, retried on a fresh connection while it fails
         transiently, for `budget` seconds (default `retry_for`).
+
+        `bare`: `work` runs on the autocommit connection as it is (one statement: its own
+        transaction; or `work` makes its own). `pipelined` sends a list of statements known
+        in advance in one round trip.
 
         `work` must be safe to run again: a commit whose answer was lost with its connection
         may have landed (every write of the store is an upsert, or checks what is stored).
@@ -166,7 +183,7 @@ class Connections:
         while True:
             attempt += 1
             try:
-                return self._attempt(work, read_only, deadline)
+                return self._attempt(work, read_only, deadline, bare)
             except self.psycopg.Error as exc:
                 now = time.monotonic()
                 if transient(exc) and now < deadline and not self.closing.is_set():
@@ -197,6 +214,7 @@ class Connections:
         work: Callable[[psycopg.Connection[Any]], _T],
         read_only: bool,
         deadline: float,
+        bare: bool = False,
     ) -> _T:
         """One try: a pooled connection, or a direct one when the pool has none to give soon.
 
@@ -209,13 +227,59 @@ class Connections:
         except self.pool_timeout:
             direct = self.connect()
             try:
-                return self._transaction(direct, work, read_only)
+                return work(direct) if bare else self._transaction(direct, work, read_only)
             finally:
                 direct.close()
         try:
-            return self._transaction(conn, work, read_only)
+            result = work(conn) if bare else self._transaction(conn, work, read_only)
+            self._used[conn] = time.monotonic()  # only a connection that just worked
+            return result
         finally:
             self.pool.putconn(conn)  # a broken connection is discarded and replaced
+
+    def pipelined(
+        self,
+        statements: Sequence[tuple[str, Sequence[Any]]],
+        *,
+        what: str,
+        budget: float | None = None,
+    ) -> list[tuple[int, list[tuple[Any, ...]] | None]]:
+        """Run `statements` as one transaction in pipeline mode: they go to the server
+        together (with `BEGIN` and `COMMIT` when there are several) and are answered in one
+        round trip. Returns each one's row count and rows (None: it returns none). Retried as
+        `run` retries (every statement must be safe to run again).
+
+        Raises:
+            SteerableError: `store_unavailable`, as `run`.
+        """
+        return self.run(
+            lambda conn: self._pipeline(conn, statements), what=what, budget=budget, bare=True
+        )
+
+    def _pipeline(
+        self, conn: psycopg.Connection[Any], statements: Sequence[tuple[str, Sequence[Any]]]
+    ) -> list[tuple[int, list[tuple[Any, ...]] | None]]:
+        several = len(statements) > 1  # one statement alone is its own transaction
+        try:
+            with conn.pipeline():
+                if several:
+                    conn.execute("BEGIN")
+                cursors = [conn.execute(sql.encode(), params) for sql, params in statements]
+                if several:
+                    conn.execute("COMMIT")
+            return [
+                (cur.rowcount, cur.fetchall() if cur.description is not None else None)
+                for cur in cursors
+            ]
+        except BaseException:
+            # A failed statement leaves the transaction aborted (the server skipped the rest,
+            # COMMIT included): roll it back before the connection goes back to the pool.
+            if not conn.closed and conn.info.transaction_status != 0:
+                try:
+                    conn.execute("ROLLBACK")
+                except self.psycopg.Error:
+                    conn.close()
+            raise
 
     @staticmethod
     def _transaction(

@@ -2,8 +2,9 @@
 
 A run hands its storable events to the store in batches (`append_events`); the writer thread
 encodes each as a codec envelope of kind `event` (a `RunEvent` body) and commits the batch in
-the same transaction as the run's other writes, fenced by the run's lease epoch like them. The
-`events` table keeps the last `event_retention` events of each run's stream.
+the same transaction as the run's other writes, fenced by the run's lease epoch like them
+(postgres_batch.py). The `events` table keeps the last `event_retention` events of each run's
+stream.
 """
 
 from __future__ import annotations
@@ -61,28 +62,6 @@ def event_rows(
             continue
         rows.append((run_id, int(seq), blob, zlib.crc32(blob)))
     return rows
-
-
-def apply_events(
-    conn: psycopg.Connection[Any],
-    schema: str,
-    rows: list[tuple[str, int, bytes, int]],
-    retention: int,
-) -> None:
-    """Insert one batch of a stream's rows (in the writer's transaction), then trim it."""
-    if not rows:
-        return
-    with conn.cursor() as cur:
-        cur.executemany(
-            f"INSERT INTO {schema}.events VALUES (%s,%s,%s,%s) ON CONFLICT (run_id, seq) "
-            "DO UPDATE SET event=excluded.event, crc=excluded.crc",
-            rows,
-        )
-    oldest = rows[-1][1] - max(1, retention) + 1
-    if oldest > 0:
-        conn.execute(
-            f"DELETE FROM {schema}.events WHERE run_id=%s AND seq<%s", (rows[0][0], oldest)
-        )
 
 
 class PostgresEvents:

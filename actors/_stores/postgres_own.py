@@ -21,6 +21,7 @@ from steerable.protocol import AgentError, ErrorCode, HostMessage, RunState, Ste
 from steerable.protocol._codec import decode, encode
 
 from .lease import Lease, Owner, owner_gone, run_owned
+from .postgres_schema import OPEN_RUNS
 from .store import not_found
 
 if TYPE_CHECKING:
@@ -32,8 +33,6 @@ __all__ = ["NOW", "PostgresOwnership"]
 
 NOW = "extract(epoch FROM clock_timestamp())::float8"
 """The database clock, in seconds since the epoch (leases never use a host's clock)."""
-
-_TERMINAL = [s.value for s in RunState if s.is_terminal]
 
 
 class PostgresOwnership:
@@ -180,18 +179,16 @@ class PostgresOwnership:
             conn.execute(
                 f"INSERT INTO {s}.leases (run_id, owner, host, pid, epoch, expires_at, agent) "
                 f"SELECT r.run_id, '', '', 0, 0, 0, r.agent FROM {s}.runs r "
-                f"WHERE r.parent_run_id IS NULL AND r.state <> ALL(%s) AND NOT EXISTS "
+                f"WHERE {OPEN_RUNS} AND NOT EXISTS "
                 f"(SELECT 1 FROM {s}.leases l WHERE l.run_id=r.run_id) "
                 "ON CONFLICT (run_id) DO NOTHING",
-                (_TERMINAL,),
             )
             rows = conn.execute(
                 f"SELECT l.run_id, r.agent, l.owner, l.host, l.pid, l.expires_at, {NOW} "
                 f"FROM {s}.leases l JOIN {s}.runs r USING (run_id) "
-                "WHERE r.parent_run_id IS NULL AND r.state <> ALL(%s) "
-                f"AND (l.expires_at <= {NOW} OR l.host=%s) "
+                f"WHERE {OPEN_RUNS} AND (l.expires_at <= {NOW} OR l.host=%s) "
                 "ORDER BY l.run_id FOR UPDATE OF l SKIP LOCKED",
-                (_TERMINAL, host),
+                (host,),
             ).fetchall()
             for run_id, agent, holder, holder_host, pid, expires_at, now in rows:
                 live = expires_at > now
@@ -347,27 +344,49 @@ class PostgresOwnership:
         return out
 
     def settle_op(
-        self, op_id: int, run_id: str, message: HostMessage | None, message_id: str | None
+        self,
+        op_id: int,
+        run_id: str,
+        message: HostMessage | None,
+        message_id: str | None,
+        *,
+        stored: bool = False,
     ) -> None:
         """The owner takes an operation into the inbox at `message.seq` (None: refuses it),
-        in one transaction; returns once committed."""
+        in one transaction; returns once committed. `stored`: the inbox holds it already at
+        that seq (its `message_id` was accepted before): only the operation is settled."""
         self._check_open()
         s = self._s
-        blob = None if message is None else encode(message, kind="host_message")
+        blob = None if message is None or stored else encode(message, kind="host_message")
 
         def work(conn: psycopg.Connection[Any]) -> None:
-            if message is None or blob is None:
+            if message is None:
                 conn.execute(f"UPDATE {s}.remote_ops SET seq=-1 WHERE op_id=%s", (op_id,))
                 return
-            conn.execute(
-                f"INSERT INTO {s}.inbox (run_id, seq, message, crc, message_id) "
-                "VALUES (%s,%s,%s,%s,%s) ON CONFLICT (run_id, seq) DO UPDATE "
-                "SET message=excluded.message, crc=excluded.crc, message_id=excluded.message_id",
-                (run_id, message.seq, blob, zlib.crc32(blob), message_id),
-            )
+            if blob is not None:
+                conn.execute(
+                    f"INSERT INTO {s}.inbox (run_id, seq, message, crc, message_id) "
+                    "VALUES (%s,%s,%s,%s,%s) ON CONFLICT (run_id, seq) DO UPDATE "
+                    "SET message=excluded.message, crc=excluded.crc, "
+                    "message_id=excluded.message_id",
+                    (run_id, message.seq, blob, zlib.crc32(blob), message_id),
+                )
             conn.execute(f"UPDATE {s}.remote_ops SET seq=%s WHERE op_id=%s", (message.seq, op_id))
 
         self._conns.run(work, what="operation")
+
+    def message_seq(self, run_id: str, message_id: str) -> int | None:
+        """The inbox seq of the run's message stored with `message_id` (None: none is)."""
+        self.flush()
+        s = self._s
+        row = self._conns.run(
+            lambda c: c.execute(
+                f"SELECT seq FROM {s}.inbox WHERE run_id=%s AND message_id=%s",
+                (run_id, message_id),
+            ).fetchone(),
+            what="read",
+        )
+        return None if row is None else int(row[0])
 
     def absorb_ops(self, run_id: str) -> None:
         """A new owner takes every waiting operation of a run into its inbox, in order."""
@@ -386,6 +405,16 @@ class PostgresOwnership:
             ).fetchone()
             seq = (-1 if top is None or top[0] is None else int(top[0])) + 1
             for op_id, blob, message_id in rows:
+                if message_id is not None:
+                    dup = conn.execute(
+                        f"SELECT seq FROM {s}.inbox WHERE run_id=%s AND message_id=%s",
+                        (run_id, message_id),
+                    ).fetchone()
+                    if dup is not None:  # accepted already (a send to its previous owner)
+                        conn.execute(
+                            f"UPDATE {s}.remote_ops SET seq=%s WHERE op_id=%s", (dup[0], op_id)
+                        )
+                        continue
                 message = decode(bytes(blob), kind="host_message").model_copy(update={"seq": seq})
                 out = encode(message, kind="host_message")
                 conn.execute(

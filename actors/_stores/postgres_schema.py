@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "check_schema_name", "migrate"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The version of the PostgreSQL layout (its own counter, distinct from SQLite's)."""
 
 _V1 = """
@@ -59,7 +59,18 @@ CREATE UNIQUE INDEX remote_ops_message_id ON {s}.remote_ops (run_id, message_id)
 """Schema 1: the layout of SQLite's schema 2, in PostgreSQL types (docs/checkpoint-format.md).
 Lease expiries are seconds since the epoch on the database server's clock."""
 
-_MIGRATIONS: dict[int, str] = {1: _V1}
+OPEN_RUNS = "parent_run_id IS NULL AND state NOT IN ('finished', 'exhausted', 'cancelled', 'error')"
+"""The top-level runs that are not terminal: the predicate of schema 2's `runs_open` index.
+Queries that look for runs to adopt spell it exactly so (the planner matches it as text)."""
+
+_V2 = f"""
+CREATE INDEX runs_open ON {{s}}.runs (run_id) WHERE {OPEN_RUNS};
+"""
+"""Schema 2: an index of the open top-level runs, so an adoption pass reads the runs it may
+adopt, not every run the database ever held (finished runs stay, with released leases).
+The inbox's `message_id` column and unique index are schema 1's."""
+
+_MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2}
 """Forward migrations: version -> the script that brings version - 1 to it (0: nothing)."""
 
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
