@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import TYPE_CHECKING
 
@@ -22,7 +21,7 @@ from steerable.protocol import (
 from steerable.protocol.codec import check_storable
 
 from .events import EventStream
-from .offload import async_form
+from .offload import async_form, await_future
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -173,7 +172,7 @@ class RunHandle:
 
     async def wait(self) -> RunOutcome:
         """Await the run's outcome without blocking the event loop."""
-        return await asyncio.wrap_future(self._cell.future)
+        return await await_future(self._cell.future)
 
     def done(self) -> bool:
         """Whether the run has an outcome."""

@@ -6,21 +6,33 @@ a commit (milliseconds), which an asyncio host must never spend on its loop. The
 "steerable-host-N" threads and await its `concurrent.futures.Future` through
 `asyncio.wrap_future`, which blocks nothing (docs/pykka.md T10). The threads start on first
 use and are joined by `Runtime.shutdown()`.
+
+What the loop itself does per operation is kept to a queue put and one wake-up, because under
+the GIL every time the loop thread lets go of it (a syscall, a contended lock, a thread start)
+it may wait a whole switch interval, or several, to get it back while the runtime's threads
+compute (docs/host.md, "Keeping the loop free"). So `async with Runtime(...)` starts the host
+threads up front (the loop never waits for a thread start while it serves), and an outcome
+that is already there is returned without a trip through the loop's self-pipe.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import queue
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-__all__ = ["HostIO", "async_form", "in_thread"]
+__all__ = ["HostIO", "async_form", "await_future", "in_thread"]
 
 T = TypeVar("T")
 S = TypeVar("S")
 P = ParamSpec("P")
+
+_Job = tuple[
+    "concurrent.futures.Future[Any]", Callable[..., Any], tuple[object, ...], dict[str, Any]
+]
 
 
 class HostIO:
@@ -32,45 +44,123 @@ class HostIO:
     """
 
     def __init__(self, max_threads: int = 4, name: str = "steerable-host") -> None:
+        if max_threads < 1:
+            raise ValueError(f"max_threads must be at least 1, not {max_threads}")
         self._max_threads = max_threads
         self._name = name
         self._lock = threading.Lock()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._queued = 0  # submitted, not yet taken by a thread
+        self._idle = 0  # threads waiting for a job
         self._closed = False
 
     async def run(self, fn: Callable[..., T], /, *args: object, **kwargs: object) -> T:
         """Run `fn(*args, **kwargs)` on a host thread and await its result on this loop."""
-        return await asyncio.wrap_future(self._submit(fn, *args, **kwargs))
+        return await await_future(self._submit(fn, *args, **kwargs))
 
     def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         """Run `fn()` on a host thread; its future (for a caller that awaits it itself)."""
         return self._submit(fn)
 
+    def start(self) -> None:
+        """Start every host thread now rather than on first use (for a host's startup).
+
+        `async with Runtime(...)` calls it, so the event loop never waits for a thread to
+        start while it serves.
+        """
+        with self._lock:
+            while not self._closed and len(self._threads) < self._max_threads:
+                self._start_thread()
+
     def _submit(
         self, fn: Callable[..., T], /, *args: object, **kwargs: object
     ) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
         with self._lock:
-            if self._closed:
-                # Shut down: run inline (it raises the operation's own "shut down" error).
-                future: concurrent.futures.Future[T] = concurrent.futures.Future()
-                try:
-                    future.set_result(fn(*args, **kwargs))
-                except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
-                    future.set_exception(exc)
-                return future
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self._max_threads, thread_name_prefix=self._name
-                )
-            return self._executor.submit(fn, *args, **kwargs)
+            closed = self._closed
+            if not closed:
+                self._queued += 1
+                if self._idle < self._queued and len(self._threads) < self._max_threads:
+                    self._start_thread()
+                # Queued under the lock: shutdown's end-of-work markers go in behind it.
+                self._jobs.put((future, fn, args, kwargs))
+        if closed:
+            # Shut down: run inline (it raises the operation's own "shut down" error).
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                future.set_exception(exc)
+        return future
 
     def shutdown(self) -> None:
         """Wait for the operations in flight, then join the threads."""
         with self._lock:
             self._closed = True
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True)
+            threads = list(self._threads)
+            for _ in threads:
+                self._jobs.put(None)
+        current = threading.current_thread()
+        for thread in threads:
+            if thread is not current:  # a host operation that shuts the runtime down
+                thread.join()
+
+    def statistics(self) -> dict[str, int]:
+        """`threads`: started so far; `queued`: operations waiting for a thread."""
+        with self._lock:
+            return {"threads": len(self._threads), "queued": self._queued}
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _start_thread(self) -> None:
+        """Start one more host thread (lock held: shutdown joins every thread it lists)."""
+        thread = threading.Thread(
+            target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True
+        )
+        thread.start()  # the new thread waits for the lock before it takes a job
+        self._threads.append(thread)
+
+    def _work(self) -> None:
+        jobs = self._jobs
+        lock = self._lock
+        while True:
+            with lock:
+                self._idle += 1
+            job = jobs.get()
+            with lock:
+                self._idle -= 1
+                if job is None:
+                    return
+                self._queued -= 1
+            _run(job)
+
+
+def _run(job: _Job) -> None:
+    future, fn, args, kwargs = job
+    if not future.set_running_or_notify_cancel():
+        return  # its awaiting task was cancelled before it started
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
+def await_future(future: concurrent.futures.Future[T]) -> Awaitable[T]:
+    """Await a `concurrent.futures.Future` on the running loop.
+
+    A future that is already done is returned at once: wrapping it would have the loop write
+    to its own self-pipe and wake up again for nothing. Cancelling the awaiting task cancels
+    the future (as `asyncio.wrap_future` does).
+    """
+    if future.done():
+        return _done(future)
+    return asyncio.wrap_future(future)
+
+
+async def _done(future: concurrent.futures.Future[T]) -> T:
+    return future.result()
 
 
 async def in_thread(fn: Callable[[], T], name: str) -> T:

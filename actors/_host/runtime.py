@@ -425,6 +425,8 @@ class Runtime(RunLaunching, RunAddressing, RuntimeShutdown, ObservingFace):
         )
 
     async def __aenter__(self) -> Runtime:
+        # The host's startup: the loop will not wait for a host thread to start while it serves.
+        self.host_io.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:

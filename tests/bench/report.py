@@ -55,6 +55,7 @@ CASES: list[tuple[str, str, str]] = [
     ("W9pg", "w9_durable", "postgres"),
     ("W4pg", "w4_checkpoint", "postgres"),
     ("W12", "w12_loop_lag", "steerable"),
+    ("W12", "w12_loop_lag", "frozen"),
     ("W13", "w13_tracing", "overhead"),
 ]
 
@@ -726,6 +727,18 @@ ROWS: list[Row] = [
         "excess_max_ms",
         targets=_both("<=", 5),
         target_text="≤5 over floor",
+    ),
+    Row(
+        "W12",
+        "host option gc.freeze(): p99 over the floor, ms",
+        "w12_loop_lag.frozen",
+        "excess_p99_ms",
+    ),
+    Row(
+        "W12",
+        "host option gc.freeze(): max over the floor, ms",
+        "w12_loop_lag.frozen",
+        "excess_max_ms",
     ),
     Row(
         "W13",
