@@ -151,7 +151,16 @@ class EventLog:
         begin = max(start, first)
         if begin >= self._next:
             return []
-        tail = islice(cols, (begin - first) * _SLOTS, None)
+        want = (self._next - begin) * _SLOTS
+        tail: Iterator[Any]
+        if want * 2 <= len(cols):
+            # From the right end: a step's or a reader's new events cost what they are, not
+            # the length of the history before them.
+            newest = list(islice(reversed(cols), want))
+            newest.reverse()
+            tail = iter(newest)
+        else:
+            tail = islice(cols, len(cols) - want, None)
         return [
             (seq, kind, phase, at, data, run_id, parent)
             for seq, (kind, phase, at, run_id, parent, data) in enumerate(
