@@ -182,7 +182,8 @@ class SupervisorEnding(SupervisorWork):
         if hook is not None:
             callbacks = self.hooks.get(hook)
             if callbacks:
-                event = RunEvent(
+                # The run's own values: already valid, so no validation pass (as the feed).
+                event = RunEvent.model_construct(
                     run_id=cell.run_id,
                     trace_id=cell.trace_id,
                     seq=seq,
