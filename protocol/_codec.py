@@ -12,7 +12,7 @@ reference; tests/fixtures/checkpoints holds golden files of every version.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final, get_args
 
 import msgpack
@@ -42,6 +42,7 @@ __all__ = [
     "decode",
     "decode_body",
     "encode",
+    "encode_bodies",
     "encode_body",
     "redact",
     "register_migration",
@@ -169,6 +170,31 @@ def encode_body(kind: str, body: Any) -> bytes:
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         raise ValueError(f"cannot encode a {kind!r} body: {exc}") from exc
     return _checked_size(kind, data)
+
+
+def encode_bodies(kind: str, bodies: Iterable[Any]) -> Iterator[bytes | ValueError]:
+    """`encode_body` of each of many bodies of one kind, with one packer for all (a store's
+    batch of events): for each body the same bytes, or the `ValueError` it would raise.
+
+    Raises:
+        ValueError: Unknown kind.
+    """
+    if kind not in _KINDS:
+        raise ValueError(f"unknown record kind {kind!r}; known kinds: {sorted(_KINDS)}")
+    packer = msgpack.Packer(use_bin_type=True, default=_msgpack_default)
+    # `[FORMAT_VERSION, kind, body]` packed: a 3-element array header, then the three values.
+    head = MAGIC + b"\x93" + packer.pack(FORMAT_VERSION) + packer.pack(kind)
+    for body in bodies:
+        try:
+            data = head + packer.pack(body)
+        except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+            packer.reset()
+            yield ValueError(f"cannot encode a {kind!r} body: {exc}")
+            continue
+        try:
+            yield _checked_size(kind, data)
+        except ValueError as exc:
+            yield exc
 
 
 def _kind_for(record: object, kind: str | None) -> str:

@@ -231,6 +231,30 @@ def test_encode_body_converts_models_tuples_and_secrets_inside_the_body() -> Non
     assert note.data["k"] == _ref(SECRET.encode())
 
 
+def test_encode_bodies_gives_encode_bodys_bytes_or_its_error_for_each_body() -> None:
+    bodies: list[Any] = [
+        {"seq": 0, "data": {"pair": (1, 2), "k": SecretStr(SECRET)}},
+        {"value": object()},  # refused: the next body still encodes
+        {"error": AgentError.of(ErrorCode.TIMEOUT, "slow")},
+        {"big": "x" * MAX_MESSAGE_BYTES},
+        {"seq": 3, "text": "é" * 40},
+    ]
+    out = list(_codec.encode_bodies("entry", bodies))
+    assert len(out) == len(bodies)
+    for body, got in zip(bodies, out, strict=True):
+        try:
+            expected: bytes | str = encode_body("entry", body)
+        except ValueError as exc:
+            expected = str(exc).split(":")[0]
+        if isinstance(got, ValueError):
+            assert str(got).split(":")[0] == expected
+        else:
+            assert got == expected
+    assert [type(x) for x in out] == [bytes, ValueError, bytes, ValueError, bytes]
+    with pytest.raises(ValueError, match="unknown record kind"):
+        list(_codec.encode_bodies("nope", [{}]))
+
+
 # -- decoding ------------------------------------------------------------------------------------
 
 

@@ -111,3 +111,26 @@ def test_previews_are_bounded_in_items_and_depth() -> None:
     assert preview({"k": SecretStr("pw")})["k"].startswith("secret:sha256:")
     assert preview(3) == 3
     assert preview(None) is None
+
+
+def test_the_benchs_thin_events_switch_reaches_every_payload_w1_emits() -> None:
+    """tests/bench/w1_loop.py measures the richer payloads against thin ones by stubbing the
+    machine's payload builders: if a builder moves, this fails instead of the bench measuring
+    nothing."""
+    from tests.bench.w1_loop import LoopAgent, config_for, noop, thin_events
+
+    def w1_events() -> list[RunEvent]:
+        with Runtime(tools=[noop]) as rt:
+            handle = rt.start("w1", agent=LoopAgent(2), config=config_for(2))
+            handle.result(timeout=WAIT)
+            return list(handle.events())
+
+    with thin_events():
+        thin = w1_events()
+    rich = w1_events()
+    assert [e.kind for e in thin] == [e.kind for e in rich]
+    for kind in (EventKind.TOOL_STARTED, EventKind.TOOL_FINISHED, EventKind.RUN_ENDED):
+        assert _of(thin, kind) and all(data == {} for data in _of(thin, kind))
+        assert all(data != {} for data in _of(rich, kind))
+    assert all("decision" not in d for d in _of(thin, EventKind.REASONING_FINISHED))
+    assert all("decision" in d for d in _of(rich, EventKind.REASONING_FINISHED))

@@ -86,6 +86,51 @@ def test_events_are_stored_read_from_a_seq_and_trimmed_to_the_retention(
     assert missing.value.code is ErrorCode.NOT_FOUND
 
 
+def test_a_seq_stored_again_replaces_the_tail_across_batches_and_retention_counts_events(
+    store: CheckpointStore,
+) -> None:
+    stored_run(store, "r")
+    store.append_events("r", "t" * 32, [record(0), record(1), record(2, step=2)])
+    store.append_events("r", "t" * 32, [record(3), record(5)])  # seqs may have gaps
+    store.append_events("r", "t" * 32, [record(2, step=20), record(3), record(5, step=50)])
+    assert [(e.seq, e.data) for e in store.events("r")] == [
+        (0, {}),
+        (1, {}),
+        (2, {"step": 20}),
+        (3, {}),
+        (5, {"step": 50}),
+    ]
+    assert store.next_event_seq("r") == 6
+    store.event_retention = 2
+    store.append_events("r", "t" * 32, [record(7), record(9)])
+    store.append_events("r", "t" * 32, [record(10)])
+    assert [e.seq for e in store.events("r")] == [9, 10]  # the last two events, not seqs
+    assert [e.seq for e in store.events("r", start=10)] == [10]
+    assert store.next_event_seq("r") == 11
+
+
+def test_stored_event_data_reads_back_as_a_durable_store_returns_it(
+    store: CheckpointStore,
+) -> None:
+    """What `events()` returns is the stored value: tuples read back as lists on every store."""
+    stored_run(store, "r")
+    data: dict[str, Any] = {"items": (1, "two"), "nested": {"deep": [True, None, 1.5]}}
+    store.append_events("r", "t" * 32, [(0, EventKind.CUSTOM, None, 1.0, data, "r", None)])
+    (event,) = store.events("r")
+    assert event.data == {"items": [1, "two"], "nested": {"deep": [True, None, 1.5]}}
+
+
+def test_an_event_msgpack_cannot_carry_is_left_out_and_the_rest_of_its_batch_is_kept(
+    store: CheckpointStore,
+) -> None:
+    stored_run(store, "r")
+    odd = {"value": object()}  # not JSON-like: the codec refuses it
+    store.append_events(
+        "r", "t" * 32, [record(0), (1, EventKind.CUSTOM, None, 1.0, odd, "r", None), record(2)]
+    )
+    assert [e.seq for e in store.events("r")] == [0, 2]
+
+
 def test_a_fenced_out_store_object_stores_no_event(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     first, second = SqliteStore(path), SqliteStore(path)

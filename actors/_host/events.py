@@ -1,10 +1,11 @@
 """A run's event stream: appended by its supervisor, read by any number of host iterators.
 
-The supervisor appends raw tuples (cheap: no model is built on its thread); readers build
-`RunEvent`s on their own thread. The history keeps each event as a head of strings and numbers
-(the kind's and phase's values, not the enum members) beside its `data` dict: the collector
-stops tracking such a head, and a flat dict, after their first collection, so a long history
-costs full collections nothing (a tuple holding a dict or an enum would stay tracked).
+The supervisor appends raw values (cheap: no model is built on its thread); readers build
+`RunEvent`s on their own thread. The history is one flat deque of six slots per event (the
+kind's and phase's values, not the enum members, the time, the run ids and the `data` dict):
+an append makes no object the collector tracks beyond the data dict, and a flat dict is never
+tracked, so a long history costs the collector nothing (a per-event tuple holding a dict or
+an enum would stay tracked, and be walked by every full collection).
 
 Sync readers wait on a condition; async readers await a `concurrent.futures.Future` through
 `asyncio.wrap_future`, so no event loop is ever blocked (docs/pykka.md T10). History is kept up
@@ -19,10 +20,10 @@ import concurrent.futures
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from steerable.actors._observe.feed import KINDS, PHASES, Feed
-from steerable.actors._stores.events import storable
 from steerable.protocol import EventKind, Phase, RunEvent
 
 if TYPE_CHECKING:
@@ -32,9 +33,11 @@ __all__ = ["SSE_KEEPALIVE", "EventLog", "EventStream", "sse_frame", "sse_frames"
 
 # (seq, kind value, phase value, at, data, run_id, parent_run_id): what readers and the feed get
 _Raw = tuple[int, str, str | None, float, dict[str, Any], str, str | None]
-# What the history keeps beside each data dict: (seq, kind value, phase value, at, run_id, parent)
-_Head = tuple[int, str, str | None, float, str, str | None]
+_SLOTS = 6
+"""History slots per event: kind value, phase value, at, run_id, parent_run_id, data."""
 _RUN_ENDED = EventKind.RUN_ENDED.value
+_MODEL_DELTA = EventKind.MODEL_DELTA.value
+_CUSTOM = EventKind.CUSTOM.value
 
 
 class EventLog:
@@ -49,11 +52,10 @@ class EventLog:
 
     __slots__ = (
         "_closed",
+        "_cols",
         "_cond",
-        "_data",
         "_dropped",
         "_feed",
-        "_heads",
         "_lock",
         "_next",
         "_observed",
@@ -82,8 +84,7 @@ class EventLog:
         self._lock = threading.Lock()
         self._cond: threading.Condition | None = None
         self._sleepers = 0
-        self._heads: deque[_Head] = deque(maxlen=max_history)
-        self._data: deque[dict[str, Any]] = deque(maxlen=max_history)
+        self._cols: deque[Any] = deque(maxlen=max(1, max_history) * _SLOTS)
         self._next = 0
         self._dropped = 0
         self._closed = False
@@ -100,7 +101,7 @@ class EventLog:
         called before anything is appended.
         """
         with self._lock:
-            if first_seq > self._next and not self._heads:
+            if first_seq > self._next and not self._cols:
                 self._next = first_seq
             self._unstored = self._next
             self._store = store
@@ -110,7 +111,7 @@ class EventLog:
     def first_seq(self) -> int:
         """The seq of the oldest event still in memory (the next one's if none is)."""
         with self._lock:
-            return self._heads[0][0] if self._heads else self._next
+            return self._next - len(self._cols) // _SLOTS
 
     @property
     def stored_as(self) -> str:
@@ -133,18 +134,39 @@ class EventLog:
             return
         with self._store_lock:  # batches reach the store in seq order
             with self._lock:
-                heads, data = self._heads, self._data
-                count = self._next - max(self._unstored, heads[0][0] if heads else self._next)
-                size = len(heads)
-                batch = []
-                for i in range(size - count, size):
-                    seq, kind, phase, at, run_id, parent = heads[i]
-                    record = (seq, kind, phase, at, data[i], run_id, parent)
-                    if storable(record):
-                        batch.append(record)
+                batch = [
+                    record
+                    for record in self._records(self._unstored)
+                    if (kind := record[1]) != _MODEL_DELTA
+                    and (kind != _CUSTOM or not record[4].get("live", True))
+                ]  # what `storable` keeps, without a call per event
                 self._unstored = self._next
             if batch:
                 store.append_events(self._stored_as, self.trace_id, batch)
+
+    def _records(self, start: int) -> list[_Raw]:
+        """The events in memory from seq `start` (caller holds the lock)."""
+        cols = self._cols
+        first = self._next - len(cols) // _SLOTS
+        begin = max(start, first)
+        if begin >= self._next:
+            return []
+        want = (self._next - begin) * _SLOTS
+        tail: Iterator[Any]
+        if want * 2 <= len(cols):
+            # From the right end: a step's or a reader's new events cost what they are, not
+            # the length of the history before them.
+            newest = list(islice(reversed(cols), want))
+            newest.reverse()
+            tail = iter(newest)
+        else:
+            tail = islice(cols, len(cols) - want, None)
+        return [
+            (seq, kind, phase, at, data, run_id, parent)
+            for seq, (kind, phase, at, run_id, parent, data) in enumerate(
+                zip(*([tail] * _SLOTS), strict=True), begin
+            )
+        ]
 
     def append(
         self,
@@ -161,11 +183,11 @@ class EventLog:
         with self._lock:
             seq = self._next
             self._next = seq + 1
-            heads = self._heads
-            if len(heads) == heads.maxlen:
+            cols = self._cols
+            if len(cols) == cols.maxlen:
                 self._dropped += 1
-            heads.append((seq, value, raw_phase, at, run_id, parent_run_id))
-            self._data.append(data)
+            # A temporary tuple: made and freed at once, it leaves the collector's count as it was.
+            cols.extend((value, raw_phase, at, run_id, parent_run_id, data))
             feed = self._feed
             if feed is not None and (feed.public or (self._observed and feed.active)):
                 # Under this log's lock: the feed sees a run tree's events in seq order.
@@ -217,15 +239,8 @@ class EventLog:
     def _take(
         self, start: int, *, want_future: bool
     ) -> tuple[list[_Raw], bool, concurrent.futures.Future[None] | None, bool]:
-        heads = self._heads
-        first = heads[0][0] if heads else self._next
-        skipped = start < first
-        begin = max(start, first) - first
-        data = self._data
-        batch: list[_Raw] = []
-        for i in range(begin, len(heads)):
-            seq, kind, phase, at, run_id, parent = heads[i]
-            batch.append((seq, kind, phase, at, data[i], run_id, parent))
+        skipped = start < self._next - len(self._cols) // _SLOTS
+        batch = self._records(start)
         fut: concurrent.futures.Future[None] | None = None
         if not batch and not self._closed and want_future:
             fut = concurrent.futures.Future()

@@ -37,6 +37,10 @@ from .supervisor_work import SupervisorWork
 
 __all__ = ["SupervisorEnding"]
 
+_RUN_ENDED = EventKind.RUN_ENDED
+_APPROVAL_REQUESTED = EventKind.APPROVAL_REQUESTED
+_APPROVAL_SETTLED = EventKind.APPROVAL_SETTLED
+
 
 class SupervisorEnding(SupervisorWork):
     """Events, checkpoints, hooks and the end of one run, for `RunSupervisor`."""
@@ -136,15 +140,26 @@ class SupervisorEnding(SupervisorWork):
         `run_ended` waits for the terminal checkpoint to be stored: hosts and `on_finish`
         hooks learn the state the store holds.
         """
+        if not (
+            kind is _RUN_ENDED
+            or kind is _APPROVAL_REQUESTED
+            or kind is _APPROVAL_SETTLED
+            or self.hooks
+        ):
+            # Most events of most runs: straight to the log (identity tests: an enum's hash
+            # is a Python-level call).
+            cell = self.cell
+            cell.events.append(cell.run_id, kind, phase, self._wall, data, cell.parent_run_id)
+            return
         if (
-            kind is EventKind.RUN_ENDED
+            kind is _RUN_ENDED
             and self._durable
             and self._store_error is None
             and self._stored < self.cell.revision
         ):
             self._ended = (phase, data)
             return
-        if kind is EventKind.RUN_ENDED and self._store_error is not None and "revision" in data:
+        if kind is _RUN_ENDED and self._store_error is not None and "revision" in data:
             data = {**data, "revision": self._stored}  # what the store holds, as the outcome
         self._emit(kind, phase, data)
 
@@ -167,7 +182,8 @@ class SupervisorEnding(SupervisorWork):
         if hook is not None:
             callbacks = self.hooks.get(hook)
             if callbacks:
-                event = RunEvent(
+                # The run's own values: already valid, so no validation pass (as the feed).
+                event = RunEvent.model_construct(
                     run_id=cell.run_id,
                     trace_id=cell.trace_id,
                     seq=seq,

@@ -12,7 +12,12 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+import msgpack
+from pydantic_core import to_jsonable_python
+
+from steerable.actors._engine.log import get_logger
 from steerable.protocol import EventKind, Phase, RunEvent
+from steerable.protocol.codec import redact
 
 __all__ = [
     "DEFAULT_EVENT_RETENTION",
@@ -29,6 +34,8 @@ the kind and phase as their string values (an `EventKind`/`Phase` member is one 
 
 _KINDS: dict[str, EventKind] = {k.value: k for k in EventKind}
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
+
+_log = get_logger("steerable.store")
 
 DEFAULT_EVENT_RETENTION = 10_000
 """Events kept per run stream by default: as many as a live run's in-memory history."""
@@ -75,36 +82,109 @@ def event_of(trace_id: str, record: EventRecord) -> RunEvent:
 class MemoryEvents:
     """One stream's stored events in memory, bounded by the store's retention.
 
-    Not thread-safe by itself: `MemoryStore` calls it under its lock.
+    Each batch is kept as one msgpack blob (the values a durable store would return: tuples
+    read back as lists), not as record tuples: a long-lived process that keeps thousands of
+    runs' events holds a few bytes objects per run, which the garbage collector never walks,
+    instead of a tracked tuple and nested dicts per event (docs/performance.md, "Wave 4:
+    events"). Decoded only when read. Not thread-safe by itself: `MemoryStore` calls it under
+    its lock.
     """
 
-    __slots__ = ("records", "trace_id")
+    __slots__ = ("_count", "_last", "_segments", "_skip", "trace_id")
 
     def __init__(self, trace_id: str, retention: int) -> None:
+        del retention  # applied at each add (a store's retention may change between adds)
         self.trace_id = trace_id
-        self.records: deque[EventRecord] = deque(maxlen=max(1, retention))
+        # (events, blob) per batch, oldest first; the first `_skip` events of the first
+        # segment are past the retention and never read.
+        self._segments: deque[tuple[int, bytes]] = deque()
+        self._count = 0  # events in the segments, skipped ones included
+        self._skip = 0
+        self._last = -1  # the highest stored seq
 
     def add(self, records: Iterable[EventRecord], retention: int) -> None:
         """Append `records` (in seq order); a seq stored again replaces the stored tail."""
-        kept = self.records
-        if kept.maxlen != max(1, retention):
-            kept = self.records = deque(kept, maxlen=max(1, retention))
-        for record in records:
+        rows = list(records)
+        if not rows:
+            return
+        ascending = rows[0][0] > self._last and all(
+            rows[i][0] < rows[i + 1][0] for i in range(len(rows) - 1)
+        )
+        if not ascending:
+            rows = self._merged(rows)
+            self._segments.clear()
+            self._count = self._skip = 0
+        blob, rows = _packed(self.trace_id, rows)
+        if rows:
+            self._segments.append((len(rows), blob))
+            self._count += len(rows)
+            self._last = rows[-1][0]
+        self._trim(max(1, retention))
+
+    def _merged(self, rows: list[EventRecord]) -> list[EventRecord]:
+        # A seq written again (a fenced-out writer never gets here): the stored tail from it
+        # on is replaced, as a single list of records would have it.
+        kept = self._rows()
+        for record in rows:
             while kept and kept[-1][0] >= record[0]:
-                kept.pop()  # a seq written again (a fenced-out writer never gets here)
+                kept.pop()
             kept.append(record)
+        return kept
+
+    def _trim(self, retention: int) -> None:
+        segments = self._segments
+        self._skip = max(self._skip, self._count - retention)
+        while segments and self._skip >= segments[0][0]:
+            count, _ = segments.popleft()
+            self._skip -= count
+            self._count -= count
+
+    def _rows(self) -> list[EventRecord]:
+        out: list[EventRecord] = []
+        for _, blob in self._segments:
+            out.extend(tuple(row) for row in msgpack.unpackb(blob))
+        return out[self._skip :]
 
     def read(self, start: int, limit: int | None) -> list[RunEvent]:
         """Events with seq >= `start`, oldest first, at most `limit`."""
         out: list[RunEvent] = []
-        for record in self.records:
-            if record[0] < start:
-                continue
-            if limit is not None and len(out) >= limit:
-                break
-            out.append(event_of(self.trace_id, record))
+        skip = self._skip
+        trace_id = self.trace_id
+        for _, blob in self._segments:
+            rows = msgpack.unpackb(blob)
+            for row in rows[skip:]:
+                if row[0] < start:
+                    continue
+                if limit is not None and len(out) >= limit:
+                    return out
+                out.append(event_of(trace_id, tuple(row)))  # type: ignore[arg-type]
+            skip = 0
         return out
 
     def next_seq(self) -> int:
         """One more than the highest stored seq (0: none)."""
-        return self.records[-1][0] + 1 if self.records else 0
+        return self._last + 1 if self._segments else 0
+
+
+def _packed(trace_id: str, rows: list[EventRecord]) -> tuple[bytes, list[EventRecord]]:
+    """One blob of `rows`, and the rows it holds: a record msgpack cannot carry as it is
+    (a custom event's non-JSON-like data) is converted as the codec converts it, or left out
+    and logged as `SqliteStore` leaves it out."""
+    try:
+        return msgpack.packb(rows, use_bin_type=True), rows
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        pass
+    kept = []
+    for record in rows:
+        try:
+            msgpack.packb(record, use_bin_type=True, default=_jsonable)
+        except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+            _log.error("event_not_stored", run_id=record[5], seq=record[0], error=str(exc))
+            continue
+        kept.append(record)
+    return msgpack.packb(kept, use_bin_type=True, default=_jsonable), kept
+
+
+def _jsonable(value: Any) -> Any:
+    # What the codec does with a value msgpack cannot pack itself (docs/checkpoint-format.md).
+    return to_jsonable_python(redact(value), inf_nan_mode="constants")

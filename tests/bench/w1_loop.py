@@ -10,7 +10,8 @@ Floors: a plain Python loop calling the same decide and tool, and raw pykka: two
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,85 @@ def case_leases_sqlite(quick: bool) -> Result:
     return result
 
 
+_RICH_BUILDERS = (
+    "tool_started",
+    "tool_retry",
+    "tool_finished",
+    "subagent_started",
+    "subagent_finished",
+    "run_ended",
+)
+"""The payload builders of `steerable.actors._machine.events` the thin case stubs."""
+
+
+def _thin(*args: object) -> dict[str, Any]:
+    return {}
+
+
+@contextmanager
+def thin_events() -> Iterator[None]:
+    """While inside: the machine's event payloads are `{}` (kind, seq, phase and time stay),
+    and `reasoning_finished` carries no decision preview: W1 without the richer events.
+
+    A bench-only patch of private names (tests/test_event_payloads.py checks that it still
+    reaches every payload W1 emits); `approval_requested` is left alone (the host reads it).
+    """
+    from steerable.actors._machine import events, machine
+
+    saved = {name: getattr(events, name) for name in _RICH_BUILDERS}
+    saved_preview = machine.decision_preview
+    for name in _RICH_BUILDERS:
+        setattr(events, name, _thin)
+    machine.decision_preview = _thin  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for name, builder in saved.items():
+            setattr(events, name, builder)
+        machine.decision_preview = saved_preview
+
+
+def _cpu_once(rt: Runtime, n: int) -> tuple[float, float]:
+    """One W1 run: (wall µs/iter, process CPU µs/iter: every thread's, waits left out)."""
+    c0 = time.process_time()
+    wall = run_once(rt, n)
+    return wall, (time.process_time() - c0) / n * 1e6
+
+
+def case_rich_events(quick: bool) -> Result:
+    """W1 with the richer event payloads vs thin ones (issue 14's budget: ≤5% slower),
+    alternating in one process, `MemoryStore`; CPU time beside wall time."""
+    n = 50 if quick else 200
+    rich_wall, rich_cpu, thin_wall, thin_cpu = [], [], [], []
+    with Runtime(tools=[noop]) as rt:
+        run_once(rt, 50)
+        with thin_events():
+            run_once(rt, 50)
+        for _ in range(reps_for(n, quick)):
+            wall, cpu = _cpu_once(rt, n)
+            rich_wall.append(wall)
+            rich_cpu.append(cpu)
+            with thin_events():
+                wall, cpu = _cpu_once(rt, n)
+            thin_wall.append(wall)
+            thin_cpu.append(cpu)
+    return {
+        "metrics": {
+            f"us_per_iter_{n}_rich": metric(rich_wall, "µs/iter"),
+            f"us_per_iter_{n}_thin": metric(thin_wall, "µs/iter"),
+            f"cpu_us_per_iter_{n}_rich": metric(rich_cpu, "µs/iter"),
+            f"cpu_us_per_iter_{n}_thin": metric(thin_cpu, "µs/iter"),
+            "rich_events_overhead_pct": metric(
+                [(a / b - 1.0) * 100 for a, b in zip(rich_wall, thin_wall, strict=True)], "%"
+            ),
+            "rich_events_cpu_overhead_pct": metric(
+                [(a / b - 1.0) * 100 for a, b in zip(rich_cpu, thin_cpu, strict=True)], "%"
+            ),
+        },
+        "config": "Runtime() defaults, MemoryStore; rich vs thin payloads, alternating",
+    }
+
+
 def case_floor_loop(quick: bool) -> Result:
     """Floor: a plain Python loop calling decide and the tool function."""
     samples: dict[int, list[float]] = {}
@@ -236,6 +316,7 @@ CASES = {
     "sqlite": case_sqlite,
     "leases_memory": case_leases_memory,
     "leases_sqlite": case_leases_sqlite,
+    "rich_events": case_rich_events,
     "floor_loop": case_floor_loop,
     "floor_pykka": case_floor_pykka,
 }
