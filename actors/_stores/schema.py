@@ -100,7 +100,8 @@ def check_foreign(path: Path) -> bool:
     # its last connection would then delete the WAL this one still writes to.
     if not os.access(path, os.R_OK):
         raise _error(ErrorCode.CHECKPOINT_CORRUPT, path, "cannot read: permission denied")
-    # A header that says WAL (byte 19, read version 2) makes even a read-only open create -wal and -shm.
+    # A header that says WAL (byte 19, read version 2) makes even a read-only open create -wal
+    # and -shm.
     absent = [s for s in _sidecars(path) if not s.exists()]
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
