@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from steerable.protocol import (
     UserMessage,
     WaitingFor,
 )
-from steerable.protocol._stored import snapshot_body
+from steerable.protocol._stored import SnapshotBody, snapshot_body
 
 
 def _bare() -> dict[str, Any]:
@@ -167,7 +167,7 @@ def test_changing_a_built_body_keeps_its_part_true() -> None:
     assert built.dynamic is not None
     assert built.dynamic["updated_at"] == 9.0
     assert dynamic_part(built) == dynamic_part(dict(built))
-    for change in (
+    changes: list[Callable[[SnapshotBody], object]] = [
         lambda b: b.__setitem__("plan", []),  # now at its default: left out
         lambda b: b.__setitem__("agent", "other"),  # static
         lambda b: b.__setitem__("metrics", {}),  # trimmed by rule
@@ -178,7 +178,8 @@ def test_changing_a_built_body_keeps_its_part_true() -> None:
         lambda b: b.__ior__({"last_seq": -1}),
         lambda b: b.popitem(),
         lambda b: b.clear(),
-    ):
+    ]
+    for change in changes:
         again = snapshot_body(static, dynamic_part(body), body["metrics"])
         change(again)
         assert again.dynamic is None
