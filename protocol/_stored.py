@@ -9,7 +9,141 @@ from typing import Any, overload
 from ._checkpoint import RunSnapshot
 from ._messages import HostMessage, SubagentResult, ToolResult, TranscriptEntry
 
-__all__ = ["LazyEntries", "StoredRun"]
+__all__ = [
+    "DERIVED_METRICS",
+    "SNAPSHOT_DEFAULTS",
+    "STATIC_KEYS",
+    "LazyEntries",
+    "SnapshotBody",
+    "StoredRun",
+    "dynamic_part",
+    "snapshot_body",
+    "trimmed_metrics",
+]
+
+STATIC_KEYS: tuple[str, ...] = (
+    "run_id",
+    "trace_id",
+    "session_id",
+    "task_id",
+    "parent_run_id",
+    "depth",
+    "forked_from",
+    "task",
+    "agent",
+    "config",
+    "capabilities",
+    "compatibility",
+    "created_at",
+)
+"""Snapshot fields fixed for a run's life: stored once per run, not once per revision."""
+_STATIC_SET = frozenset(STATIC_KEYS)
+
+SNAPSHOT_DEFAULTS: dict[str, Any] = {
+    "waiting_for": None,
+    "pending_messages": [],
+    "plan": [],
+    "errors": [],
+    "output": None,
+    "deadline_left": None,
+    "last_seq": -1,
+    "delivered_seq": -1,
+}
+"""Per-revision fields left out of a revision while they hold their default (validation
+restores them). Read-only: a body gets fresh lists of its own."""
+_DEFAULT_ITEMS = tuple(SNAPSHOT_DEFAULTS.items())
+
+DERIVED_METRICS = frozenset({"steps", "model_calls", "input_tokens", "output_tokens"})
+"""Metrics that repeat a snapshot's top-level counters: a revision keeps them once, at the top."""
+
+
+def dynamic_part(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The per-revision part of a snapshot body: what a store writes per revision.
+
+    It leaves out the static fields, what holds its default and the metrics that repeat
+    top-level counters (or are zero), so a revision costs a few hundred bytes (W4: bytes <= 3x
+    transcript); validation restores them (`join_snapshot` in the stores). A `SnapshotBody`
+    hands over the part it was built with (no work); any other dict gets a new part and is
+    left as it is. Either way the part must not be mutated: a store keeps it as it is.
+    """
+    if type(snapshot) is SnapshotBody:
+        part = snapshot.dynamic
+        if part is not None:
+            return part
+    dynamic = snapshot.copy()  # a copy that deletes is cheaper than a filtering comprehension
+    pop = dynamic.pop
+    for key in STATIC_KEYS:
+        pop(key, None)
+    for key, default in _DEFAULT_ITEMS:
+        if key in dynamic and dynamic[key] == default:
+            del dynamic[key]
+    metrics = snapshot.get("metrics")
+    if isinstance(metrics, dict):
+        dynamic["metrics"] = trimmed_metrics(metrics)
+    return dynamic
+
+
+def trimmed_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The metrics a revision keeps: the non-zero ones that no top-level counter repeats."""
+    return {key: value for key, value in metrics.items() if value and key not in DERIVED_METRICS}
+
+
+class SnapshotBody(dict[str, Any]):
+    """A `RunSnapshot` body (JSON shape) built together with its per-revision part
+    (`snapshot_body` builds one).
+
+    It is the plain dict a store's `write_checkpoint` takes (a full body, every field), and it
+    carries `dynamic`, equal to what `dynamic_part` would compute from it, so that the
+    built-in stores do not split each checkpoint again (W4, W1). Setting a per-revision field
+    that is never left out (`updated_at`, the host's stamp) keeps `dynamic` in step; any other
+    change drops it (`dynamic` None: `dynamic_part` computes the part from the body).
+
+    Pickles and deep-copies as a plain dict.
+    """
+
+    dynamic: dict[str, Any] | None = None
+    """The per-revision part the body was built with (None: not known, or changed since)."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        dict.__setitem__(self, key, value)
+        dynamic = self.dynamic
+        if dynamic is not None:
+            if key in _STATIC_SET or key in SNAPSHOT_DEFAULTS or key == "metrics":
+                self.dynamic = None  # left out or trimmed by rule: computed again if needed
+            else:
+                dynamic[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        dict.__delitem__(self, key)
+        self.dynamic = None
+
+    def __ior__(self, other: Any) -> SnapshotBody:  # type: ignore[override,misc]
+        dict.update(self, other)
+        self.dynamic = None
+        return self
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        dict.update(self, *args, **kwargs)
+        self.dynamic = None
+
+    def pop(self, *args: Any) -> Any:
+        self.dynamic = None
+        return dict.pop(self, *args)
+
+    def popitem(self) -> tuple[str, Any]:
+        self.dynamic = None
+        return dict.popitem(self)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self.dynamic = None
+        return dict.setdefault(self, key, default)
+
+    def clear(self) -> None:
+        self.dynamic = None
+        dict.clear(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (dict(self),))
 
 
 class LazyEntries(Sequence[TranscriptEntry]):
@@ -99,3 +233,32 @@ class StoredRun:
     """Results of the current plan's calls recorded after the snapshot (durable inbox)."""
     messages: list[HostMessage] = field(default_factory=list)
     """Host messages accepted after the snapshot (seq > snapshot.last_seq), in seq order."""
+
+
+_update = dict.update
+_set = dict.__setitem__
+
+
+def snapshot_body(
+    static: dict[str, Any], dynamic: dict[str, Any], metrics: dict[str, Any]
+) -> SnapshotBody:
+    """The full body of `static` fields, `dynamic` (as `dynamic_part` leaves it: no static
+    field, none at its default, metrics trimmed) and `metrics` (the full metrics).
+
+    Fields `dynamic` leaves out take their defaults (fresh lists: a body is the caller's).
+    """
+    body = SnapshotBody(
+        static,
+        waiting_for=None,
+        pending_messages=[],
+        plan=[],
+        errors=[],
+        output=None,
+        deadline_left=None,
+        last_seq=-1,
+        delivered_seq=-1,
+    )
+    _update(body, dynamic)
+    _set(body, "metrics", metrics)
+    body.dynamic = dynamic
+    return body

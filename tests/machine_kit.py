@@ -49,6 +49,7 @@ from steerable.protocol import (
     Usage,
     UserMessage,
 )
+from steerable.protocol._stored import dynamic_part
 
 __all__ = [
     "MODEL_KEY",
@@ -255,6 +256,8 @@ class Recorder:
         entries_from: int,
         entries: list[TranscriptEntry],
     ) -> None:
+        # The body carries the per-revision part the stores write: the same as splitting it.
+        assert getattr(snapshot, "dynamic", None) == dynamic_part(dict(snapshot))
         self.effects.append(
             CheckpointWrite(
                 revision, snapshot, entries_from, list(entries), int(self.transcript_len())

@@ -6,7 +6,9 @@ default, no metric that repeats a top-level counter); loading restores the exact
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import copy
+import pickle
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from steerable.protocol import (
     UserMessage,
     WaitingFor,
 )
+from steerable.protocol._stored import SnapshotBody, snapshot_body
 
 
 def _bare() -> dict[str, Any]:
@@ -143,3 +146,51 @@ def test_a_loaded_snapshot_is_the_one_written(store: CheckpointStore, shape: str
     store.write_checkpoint("r", 1, second, 0, [])
     assert store.load("r", 0).snapshot == RunSnapshot.model_validate(first)
     assert store.load("r").snapshot == RunSnapshot.model_validate(second)
+
+
+@pytest.mark.parametrize("shape", ["bare", "full"])
+def test_a_built_body_is_the_full_snapshot_and_carries_its_part(shape: str) -> None:
+    body = _bare() if shape == "bare" else _full()
+    static = {key: body[key] for key in STATIC_KEYS}
+    built = snapshot_body(static, dynamic_part(body), body["metrics"])
+    assert built == body  # every field, defaults included
+    assert built.dynamic == dynamic_part(dict(built))
+    assert dynamic_part(built) is built.dynamic  # the stores take it as it is
+    assert RunSnapshot.model_validate(built) == RunSnapshot.model_validate(body)
+
+
+def test_changing_a_built_body_keeps_its_part_true() -> None:
+    body = _full()
+    static = {key: body[key] for key in STATIC_KEYS}
+    built = snapshot_body(static, dynamic_part(body), body["metrics"])
+    built["updated_at"] = 9.0  # the host's stamp: kept in step
+    assert built.dynamic is not None
+    assert built.dynamic["updated_at"] == 9.0
+    assert dynamic_part(built) == dynamic_part(dict(built))
+    changes: list[Callable[[SnapshotBody], object]] = [
+        lambda b: b.__setitem__("plan", []),  # now at its default: left out
+        lambda b: b.__setitem__("agent", "other"),  # static
+        lambda b: b.__setitem__("metrics", {}),  # trimmed by rule
+        lambda b: b.update(output=None),
+        lambda b: b.pop("deadline_left"),
+        lambda b: b.setdefault("extra", 1),
+        lambda b: b.__delitem__("errors"),
+        lambda b: b.__ior__({"last_seq": -1}),
+        lambda b: b.popitem(),
+        lambda b: b.clear(),
+    ]
+    for change in changes:
+        again = snapshot_body(static, dynamic_part(body), body["metrics"])
+        change(again)
+        assert again.dynamic is None
+        assert dynamic_part(again) == dynamic_part(dict(again))
+
+
+def test_a_built_body_pickles_and_copies_as_a_plain_dict() -> None:
+    body = _full()
+    built = snapshot_body(
+        {key: body[key] for key in STATIC_KEYS}, dynamic_part(body), body["metrics"]
+    )
+    for copied in (pickle.loads(pickle.dumps(built)), copy.deepcopy(built), copy.copy(built)):
+        assert type(copied) is dict
+        assert copied == body

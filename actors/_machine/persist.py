@@ -26,6 +26,12 @@ from steerable.protocol import (
     UserMessage,
     WaitingFor,
 )
+from steerable.protocol._stored import (
+    SNAPSHOT_DEFAULTS,
+    SnapshotBody,
+    snapshot_body,
+    trimmed_metrics,
+)
 
 from .base import named_error, stopped_by_deadline
 from .parts import Inbox, Meter
@@ -40,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["Persistence"]
 
 _DUMPS: dict[int, tuple[Any, dict[str, Any]]] = {}
+_ABSENT = object()
 
 
 def _dumped(record: Any) -> dict[str, Any]:
@@ -139,6 +146,7 @@ class Persistence:
             m = self._machine
             forked = self.forked_from
             static = self._static = {
+                "run_id": m.run_id,
                 "trace_id": m.trace_id,
                 "session_id": m.session_id,
                 "task_id": m.task_id,
@@ -154,36 +162,50 @@ class Persistence:
             }
         return static
 
-    def snapshot(self) -> dict[str, Any]:
-        """The run's state as a `RunSnapshot` body (JSON shape), built without validation."""
+    def snapshot(self) -> SnapshotBody:
+        """The run's state as a `RunSnapshot` body (JSON shape), built without validation.
+
+        Built as the per-revision part a store writes (`dynamic_part`: no static field, no
+        field at its default, trimmed metrics) plus the fields fixed for the run's life, so
+        that no store splits it again (docs/performance.md, "Wave 4: persist").
+        """
         m = self._machine
         meter = self._meter
-        waiting = m.waiting_for
         usage = meter.usage
-        errors = m.errors
-        deadline = m.deadline
+        metrics = meter.fields()
         # str(StrEnum) is the value, and far cheaper than `.value` on this hot path.
-        return {
-            **self._static_fields(),
-            "run_id": m.run_id,
+        dynamic: dict[str, Any] = {
             "revision": self.revision,
             "state": str(m.state),
-            "waiting_for": None if waiting is None else str(waiting),
             "model_calls": meter.model_calls,
             "model_retries": meter.model_retries,
             "steps": meter.steps,
             "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
             "decisions": meter.decisions,
             "transcript_len": len(m.transcript),
-            **self._inbox.fields(),
-            "plan": [c.snapshot() for c in self._exec.calls],
-            "errors": [e.model_dump(mode="json") for e in errors] if errors else [],
-            "output": m.output,
-            "metrics": meter.fields(),
-            # Signed: an overdue deadline stays overdue on resume (its timer fires at once).
-            "deadline_left": None if deadline is None else deadline - meter.now,
+            "metrics": trimmed_metrics(metrics),
             "updated_at": m.created_at,
         }
+        waiting = m.waiting_for
+        if waiting is not None:
+            dynamic["waiting_for"] = str(waiting)
+        for key, value in self._inbox.fields().items():
+            if value != SNAPSHOT_DEFAULTS.get(key, _ABSENT):
+                dynamic[key] = value
+        calls = self._exec.calls
+        if calls:
+            dynamic["plan"] = [c.snapshot() for c in calls]
+        errors = m.errors
+        if errors:
+            dynamic["errors"] = [e.model_dump(mode="json") for e in errors]
+        output = m.output
+        if output is not None:
+            dynamic["output"] = output
+        deadline = m.deadline
+        if deadline is not None:
+            # Signed: an overdue deadline stays overdue on resume (its timer fires at once).
+            dynamic["deadline_left"] = deadline - meter.now
+        return snapshot_body(self._static_fields(), dynamic, metrics)
 
     # ------------------------------------------------------------------ restore
 

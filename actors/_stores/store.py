@@ -32,11 +32,13 @@ from steerable.protocol import (
 )
 from steerable.protocol._codec import check_storable, decode_body
 from steerable.protocol._shape import first_shape_error
+from steerable.protocol._stored import STATIC_KEYS, dynamic_part
 
 from .events import DEFAULT_EVENT_RETENTION, EventRecord
 from .lease import FenceListeners, Lease, Owner
 
 __all__ = [
+    "STATIC_KEYS",
     "CheckpointStore",
     "EventRecord",
     "Lease",
@@ -52,40 +54,9 @@ __all__ = [
     "split_snapshot",
 ]
 
-STATIC_KEYS = (
-    "run_id",
-    "trace_id",
-    "session_id",
-    "task_id",
-    "parent_run_id",
-    "depth",
-    "forked_from",
-    "task",
-    "agent",
-    "config",
-    "capabilities",
-    "compatibility",
-    "created_at",
-)
-"""Snapshot fields fixed for a run's life: stored once per run, not once per revision."""
-
-
-_EMPTY: dict[str, Any] = {
-    "waiting_for": None,
-    "pending_messages": [],
-    "plan": [],
-    "errors": [],
-    "output": None,
-    "deadline_left": None,
-    "last_seq": -1,
-    "delivered_seq": -1,
-}
-"""Per-revision fields left out while they hold their default (validation restores them)."""
-_EMPTY_ITEMS = tuple(_EMPTY.items())
 TERMINAL_STATES = frozenset(state.value for state in RunState if state.is_terminal)
 """The terminal states' values (a RunState is equal to its value): a set lookup per checkpoint
 instead of an Enum call."""
-_DERIVED_METRICS = ("steps", "model_calls", "input_tokens", "output_tokens")
 
 
 def check_record(record: HostMessage | ToolResult | SubagentResult) -> None:
@@ -110,30 +81,6 @@ def check_record(record: HostMessage | ToolResult | SubagentResult) -> None:
 def split_snapshot(snapshot: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split a snapshot body into its static part and its per-revision part (`dynamic_part`)."""
     return {key: snapshot[key] for key in STATIC_KEYS}, dynamic_part(snapshot)
-
-
-def dynamic_part(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """The per-revision part of a snapshot body: a new dict, `snapshot` is left as it is.
-
-    It leaves out the static fields, what holds its default and the metrics that repeat
-    top-level counters, so a revision costs a few hundred bytes (W4: bytes <= 3x transcript);
-    validation restores them (`join_snapshot`). A copy that deletes is cheaper than a filtering
-    comprehension on this path (once per checkpoint).
-    """
-    dynamic = snapshot.copy()
-    pop = dynamic.pop
-    for key in STATIC_KEYS:
-        pop(key, None)
-    for key, default in _EMPTY_ITEMS:
-        if key in dynamic and dynamic[key] == default:
-            del dynamic[key]
-    metrics = snapshot.get("metrics")
-    if isinstance(metrics, dict):
-        kept = {key: value for key, value in metrics.items() if value}
-        for key in _DERIVED_METRICS:
-            kept.pop(key, None)
-        dynamic["metrics"] = kept
-    return dynamic
 
 
 def join_snapshot(
