@@ -211,8 +211,11 @@ def machine(
         f"{statistics.median(cpu):.1f} µs/iter CPU (min {min(cpu):.1f})"
     )
     if prof is not None:
+        rows = _top(pstats.Stats(prof), iters * runs, 10**9)
+        # Deterministic, unlike the times: comparable however loaded the machine is.
+        print(f"Python function calls per iteration: {sum(r[1] for r in rows):.1f}")
         print(f"{'function':<72} {'calls/it':>8} {'own µs/it':>9}")
-        for tt, nc, where in _top(pstats.Stats(prof), iters * runs, top):
+        for tt, nc, where in rows[:top]:
             print(f"{where[:72]:<72} {nc:>8.2f} {tt:>9.2f}")
 
 
