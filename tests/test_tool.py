@@ -348,6 +348,18 @@ def test_the_context_is_not_an_argument() -> None:
     assert error.details["errors"][0]["loc"] == ["ctx"]
 
 
+def test_a_tool_without_parameters_takes_no_arguments() -> None:
+    @tool
+    def ping(ctx: ToolContext) -> str:
+        return "pong"
+
+    first, second = ping.validate({}), ping.validate({})
+    assert first == {}
+    assert first is not second  # a new dict each time, as with parameters
+    assert [e["type"] for e in _invalid(ping, {"x": 1}).details["errors"]] == ["extra_forbidden"]
+    assert _invalid(ping, []).details["errors"][0]["loc"] == []
+
+
 def test_arguments_that_are_not_a_mapping_are_invalid() -> None:
     error = _invalid(search, ["query"])
     assert error.details["errors"][0]["loc"] == []

@@ -194,6 +194,10 @@ class Tool(Generic[P, R]):
             ToolArgumentsError: Missing, unknown or invalid arguments (code
                 `invalid_arguments`, with the errors in `details`).
         """
+        if not arguments and not self._fields and isinstance(arguments, dict):
+            # Nothing to validate (a tool without parameters, called without arguments): the
+            # validator would only build and take apart an empty model, on every call.
+            return {}
         try:
             validated = self._validator.validate_python(arguments)
         except pydantic.ValidationError as exc:

@@ -7,11 +7,15 @@ python -m tests.bench.profile_w1 cprofile [--cpu] [--iters 2000] [--runs 3] [--t
     cProfile in every thread (the dispatcher, workers, main), merged; the top functions by
     own time, in µs per iteration (--cpu: per-thread CPU time, so blocking and GIL waits
     drop out). cProfile inflates small calls; compare shares, not sums.
-python -m tests.bench.profile_w1 machine [--iters 2000] [--runs 5] [--profile]
+python -m tests.bench.profile_w1 machine [--iters 2000] [--runs 5] [--profile] [--no-gc]
+        [--store memory|none]
     The pure `RunMachine` driven on one thread with an in-line Effects (agent and tool
-    called directly, checkpoints into a MemoryStore): the run loop's own CPU cost per
-    iteration with no thread hand-off; --profile adds cProfile's top functions (internals:
-    this mode follows the machine's constructor and may need updating when it changes).
+    called directly, checkpoints into a MemoryStore): the run loop's own cost per
+    iteration with no thread hand-off, as wall and CPU (`time.thread_time`) time: on a
+    shared machine compare the CPU column. --profile adds cProfile's top functions
+    (internals: this mode follows the machine's constructor and may need updating when it
+    changes); --no-gc disables the cyclic GC during the runs (GC's share is the difference);
+    --store none drops each checkpoint after the machine built it (the machine's own cost).
 python -m tests.bench.profile_w1 loop [--iters 2000] [--runs 5]
     Just run W1, for an external sampler:
     py-spy record --gil -r 2000 -f raw -o /tmp/w1.txt -- python -m tests.bench.profile_w1 loop
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import pstats
 import statistics
 import sys
@@ -131,7 +136,8 @@ class _InlineFx:
         self.pending.append(("tool", job))
 
     def checkpoint(self, revision: int, snapshot: Any, entries_from: int, entries: Any) -> None:
-        self.store.write_checkpoint(self.run_id, revision, snapshot, entries_from, entries)
+        if self.store is not None:
+            self.store.write_checkpoint(self.run_id, revision, snapshot, entries_from, entries)
 
     def settled(self, outcome: Any) -> None:
         self.outcome = outcome
@@ -140,17 +146,19 @@ class _InlineFx:
         return lambda *args, **kwargs: None  # emit, schedule, unschedule, journal, ...
 
 
-def machine(iters: int, runs: int, profile: bool, top: int) -> None:
+def machine(
+    iters: int, runs: int, profile: bool, top: int, *, gc_off: bool = False, store_kind: str = ""
+) -> None:
     """The pure machine, on this thread, with effects applied in-line."""
     from steerable.actors import MemoryStore
     from steerable.actors._machine.machine import RunMachine
     from steerable.protocol import AgentSpec, CapabilitySnapshot
 
-    store = MemoryStore()
+    store = None if store_kind == "none" else MemoryStore()
     tools = {"noop": noop}
     caps = CapabilitySnapshot.of([noop.spec], [AgentSpec(name="w1", version="1")])
 
-    def one(n: int) -> float:
+    def one(n: int) -> tuple[float, float]:
         fx = _InlineFx(store, f"run_{n}_{time.perf_counter_ns()}")
         m = RunMachine(
             fx,
@@ -165,6 +173,7 @@ def machine(iters: int, runs: int, profile: bool, top: int) -> None:
         agent = LoopAgent(n)
         clock = time.monotonic
         t0 = time.perf_counter()
+        c0 = time.thread_time()
         m.start(clock())
         while fx.pending:
             kind, item = fx.pending.pop(0)
@@ -173,25 +182,40 @@ def machine(iters: int, runs: int, profile: bool, top: int) -> None:
                 m.decided(model_call, agent.decide(view), None, None, 0.0, clock())
             else:
                 m.tool_done(item.call_id, item.attempt, noop.fn(), None, clock())
+        cpu = (time.thread_time() - c0) / n * 1e6
         dt = (time.perf_counter() - t0) / n * 1e6
         if fx.outcome is None or fx.outcome.metrics.steps != n:
             raise RuntimeError(f"machine driver: run did not finish: {fx.outcome}")
-        return dt
+        return dt, cpu
 
     one(50)
     prof = cProfile.Profile() if profile else None
+    if gc_off:
+        gc.collect()
+        gc.disable()
     if prof is not None:
         prof.enable()
-    samples = [one(iters) for _ in range(runs)]
-    if prof is not None:
-        prof.disable()
+    try:
+        samples = [one(iters) for _ in range(runs)]
+    finally:
+        if prof is not None:
+            prof.disable()
+        if gc_off:
+            gc.enable()
+    wall = [s[0] for s in samples]
+    cpu = [s[1] for s in samples]
+    where = "no store" if store is None else "MemoryStore"
     print(
-        f"pure machine + MemoryStore, {iters} iterations: "
-        f"{statistics.median(samples):.1f} µs/iter (min {min(samples):.1f})"
+        f"pure machine + {where}{', gc off' if gc_off else ''}, {iters} iterations: "
+        f"{statistics.median(wall):.1f} µs/iter wall (min {min(wall):.1f}), "
+        f"{statistics.median(cpu):.1f} µs/iter CPU (min {min(cpu):.1f})"
     )
     if prof is not None:
+        rows = _top(pstats.Stats(prof), iters * runs, 10**9)
+        # Deterministic, unlike the times: comparable however loaded the machine is.
+        print(f"Python function calls per iteration: {sum(r[1] for r in rows):.1f}")
         print(f"{'function':<72} {'calls/it':>8} {'own µs/it':>9}")
-        for tt, nc, where in _top(pstats.Stats(prof), iters * runs, top):
+        for tt, nc, where in rows[:top]:
             print(f"{where[:72]:<72} {nc:>8.2f} {tt:>9.2f}")
 
 
@@ -254,13 +278,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--cpu", action="store_true", help="cprofile: per-thread CPU time")
     parser.add_argument("--profile", action="store_true", help="machine: add cProfile")
+    parser.add_argument("--no-gc", action="store_true", help="machine: cyclic GC off")
+    parser.add_argument(
+        "--store", choices=["memory", "none"], default="memory", help="machine: checkpoints"
+    )
     args = parser.parse_args(argv)
     if args.mode == "timeline":
         timeline(args.iters or 200, args.runs or 5)
     elif args.mode == "cprofile":
         cprofile(args.iters or 2000, args.runs or 3, args.top, args.cpu)
     elif args.mode == "machine":
-        machine(args.iters or 2000, args.runs or 5, args.profile, args.top)
+        machine(
+            args.iters or 2000,
+            args.runs or 5,
+            args.profile,
+            args.top,
+            gc_off=args.no_gc,
+            store_kind=args.store,
+        )
     elif args.mode == "loop":
         loop(args.iters or 2000, args.runs or 5)
     else:
