@@ -6,6 +6,7 @@ Crockford base32, as ULIDs do), so `steerable runs` lists newest last without an
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import random
@@ -16,12 +17,16 @@ __all__ = ["call_id", "idempotency_key", "new_run_id", "new_trace_id"]
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
-def _base32(value: int, length: int) -> str:
-    chars = []
-    for _ in range(length):
-        value, digit = divmod(value, 32)
-        chars.append(_CROCKFORD[digit])
-    return "".join(reversed(chars))
+# RFC 4648 base32 digits -> Crockford's: `base64.b32encode` does the 26 digits of a run id in
+# C, where a loop of divmods cost tens of microseconds per start().
+_TO_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _CROCKFORD.encode())
+
+
+def _ulid_digits(millis: int, entropy: int) -> str:
+    """`millis` in 10 Crockford base32 digits, then `entropy` in 16 (130 bits, top two zero)."""
+    # The 130 bits, then 6 zero bits, make 17 whole bytes; their first 26 digits are ours.
+    raw = ((millis << 80 | entropy) << 6).to_bytes(17, "big")
+    return base64.b32encode(raw)[:26].translate(_TO_CROCKFORD).decode("ascii")
 
 
 # Ids must be unique, not secret: a generator seeded from the OS once per process (and again
@@ -34,7 +39,7 @@ def new_run_id() -> str:
     """A new, time-sortable run id such as `run_01JH5...` (26 base32 digits after the prefix)."""
     millis = time.time_ns() // 1_000_000
     entropy = _random.getrandbits(80)
-    return "run_" + _base32(millis, 10) + _base32(entropy, 16)
+    return "run_" + _ulid_digits(millis, entropy)
 
 
 def new_trace_id() -> str:

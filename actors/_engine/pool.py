@@ -90,6 +90,8 @@ class ToolWorker(pykka.ThreadingActor):
         super().__init__()
         self._pool = pool
         self._slot = slot
+        self._claim = _Claim(pool, slot)
+        self._collected: list[Any] = []
         slot.ref = self.actor_ref
 
     @staticmethod
@@ -123,22 +125,26 @@ class ToolWorker(pykka.ThreadingActor):
         job: Job | None = message
         slot = self._slot
         pool = self._pool
+        # Reused for every job of this thread: two objects less per job on the hot path.
+        collected = self._collected
+        claim = self._claim
         while job is not None:
             # A job abandoned after it was handed over but before it started never runs.
             ran = not slot.abandoned
             claimed: Job | None = None
             if ran:
-                collected = collect_inline()
+                collect_inline(collected)
                 try:
                     _run_contained(job, slot.name)
                 finally:
-                    claim = _Claim(pool, slot)
+                    claim.job = None
                     _claims.current = claim
                     try:
                         service_inline(collected)
                     finally:
                         _claims.current = None
                 claimed = claim.job
+                claim.job = None
             job, stop = pool._job_finished(slot, job, ran=ran, claimed=claimed)
             if stop:
                 # Abandoned, or the pool is closing: a tell to self, handled after this returns.
