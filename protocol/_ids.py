@@ -6,7 +6,6 @@ Crockford base32, as ULIDs do), so `steerable runs` lists newest last without an
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 import random
@@ -17,16 +16,16 @@ __all__ = ["call_id", "idempotency_key", "new_run_id", "new_trace_id"]
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
-# RFC 4648 base32 digits -> Crockford's: `base64.b32encode` does the 26 digits of a run id in
-# C, where a loop of divmods cost tens of microseconds per start().
-_TO_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _CROCKFORD.encode())
+# Two digits per lookup: a run id's 26 digits in 13 steps, where a loop of divmods over single
+# digits cost tens of microseconds per start().
+_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
+_SHIFTS = tuple(range(120, -1, -10))
 
 
 def _ulid_digits(millis: int, entropy: int) -> str:
     """`millis` in 10 Crockford base32 digits, then `entropy` in 16 (130 bits, top two zero)."""
-    # The 130 bits, then 6 zero bits, make 17 whole bytes; their first 26 digits are ours.
-    raw = ((millis << 80 | entropy) << 6).to_bytes(17, "big")
-    return base64.b32encode(raw)[:26].translate(_TO_CROCKFORD).decode("ascii")
+    value = millis << 80 | entropy
+    return "".join([_PAIRS[(value >> shift) & 1023] for shift in _SHIFTS])
 
 
 # Ids must be unique, not secret: a generator seeded from the OS once per process (and again
