@@ -242,7 +242,10 @@ class WorkerPool:
         self._max_abandoned = max_abandoned
         self._name = name
         self._on_start_failure = on_start_failure
-        self._cond = threading.Condition(threading.Lock())
+        # The condition's own lock, for the hot paths (submit, a job finished): `with` on the
+        # lock itself takes it in C, `with` on the Condition through two Python calls.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         # Keyed by id(job): the dicts hold the job, so its id cannot be reused while present.
         self._pending: OrderedDict[int, Job] = OrderedDict()
         self._running: dict[int, _Slot] = {}  # handed to a worker, not yet returned
@@ -300,7 +303,7 @@ class WorkerPool:
         """
         key = id(job)
         claim: _Claim | None = getattr(_claims, "current", None)
-        with self._cond:
+        with self._lock:
             if self._closed:
                 return False
             if key in self._running or key in self._pending:
@@ -540,7 +543,7 @@ class WorkerPool:
         `claimed` is a job the worker took for itself while handling a supervisor inline.
         """
         resubmit = None
-        with self._cond:
+        with self._lock:
             if ran:
                 self._jobs_run += 1
             self._running.pop(id(job), None)
