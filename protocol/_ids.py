@@ -16,12 +16,16 @@ __all__ = ["call_id", "idempotency_key", "new_run_id", "new_trace_id"]
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
-def _base32(value: int, length: int) -> str:
-    chars = []
-    for _ in range(length):
-        value, digit = divmod(value, 32)
-        chars.append(_CROCKFORD[digit])
-    return "".join(reversed(chars))
+# Two digits per lookup: a run id's 26 digits in 13 steps, where a loop of divmods over single
+# digits cost tens of microseconds per start().
+_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
+_SHIFTS = tuple(range(120, -1, -10))
+
+
+def _ulid_digits(millis: int, entropy: int) -> str:
+    """`millis` in 10 Crockford base32 digits, then `entropy` in 16 (130 bits, top two zero)."""
+    value = millis << 80 | entropy
+    return "".join([_PAIRS[(value >> shift) & 1023] for shift in _SHIFTS])
 
 
 # Ids must be unique, not secret: a generator seeded from the OS once per process (and again
@@ -34,7 +38,7 @@ def new_run_id() -> str:
     """A new, time-sortable run id such as `run_01JH5...` (26 base32 digits after the prefix)."""
     millis = time.time_ns() // 1_000_000
     entropy = _random.getrandbits(80)
-    return "run_" + _base32(millis, 10) + _base32(entropy, 16)
+    return "run_" + _ulid_digits(millis, entropy)
 
 
 def new_trace_id() -> str:

@@ -8,8 +8,8 @@ from steerable.actors._host.supervisor_work import _with_call
 from steerable.protocol import Budgets, RunView, Transcript, Usage
 
 
-def test_the_model_calls_view_is_the_machines_view_with_its_call() -> None:
-    view = RunView(
+def _view(**extra: object) -> RunView:
+    return RunView(
         run_id="run_a",
         task="task",
         transcript=Transcript([]),
@@ -23,12 +23,30 @@ def test_the_model_calls_view_is_the_machines_view_with_its_call() -> None:
         session_id="s",
         task_id="t",
         subagents=("helper",),
+        **extra,  # type: ignore[arg-type]
     )
+
+
+def test_the_model_calls_view_is_the_machines_view_with_its_call() -> None:
+    view = _view()
+    plain = dataclasses.replace(view)
     call = object()
-    copied = _with_call(view, call)  # type: ignore[arg-type]
-    assert copied == dataclasses.replace(view, call=call)  # type: ignore[arg-type]
-    assert copied.call is call
-    assert view.call is None  # the machine's view is untouched
+    given = _with_call(view, call)  # type: ignore[arg-type]
+    assert given.call is call
+    assert given == dataclasses.replace(plain, call=call)  # type: ignore[arg-type]
+    for field in dataclasses.fields(RunView):
+        if field.name != "call":
+            assert getattr(given, field.name) is getattr(plain, field.name)
+
+
+def test_a_view_that_has_a_call_is_copied_and_left_as_it_was() -> None:
+    first, second = object(), object()
+    view = _view(call=first)
+    copied = _with_call(view, second)  # type: ignore[arg-type]
+    assert copied is not view
+    assert view.call is first
+    assert copied.call is second
+    assert copied == dataclasses.replace(view, call=second)  # type: ignore[arg-type]
     for field in dataclasses.fields(RunView):
         if field.name != "call":
             assert getattr(copied, field.name) is getattr(view, field.name)

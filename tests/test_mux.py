@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -96,6 +97,22 @@ def test_tell_ask_stop(dispatcher: Dispatcher) -> None:
     with pytest.raises(pykka.ActorDeadError):
         ref.ask("late", timeout=GUARD)
     assert dispatcher.statistics()["actors_live"] == 0
+
+
+def test_actor_urns_are_unique_uuid_urns(dispatcher: Dispatcher) -> None:
+    refs = [Echo.start(dispatcher=dispatcher) for _ in range(50)]
+    try:
+        urns = [ref.actor_urn for ref in refs]
+        assert len(set(urns)) == 50
+        for urn in urns:
+            assert urn.startswith("urn:uuid:")
+            parsed = uuid.UUID(urn.removeprefix("urn:uuid:"))
+            assert parsed.version == 4
+            assert pykka.ActorRegistry.get_by_urn(urn) is not None
+    finally:
+        for ref in refs:
+            ref.stop(timeout=GUARD)
+    assert all(not ref.is_alive() for ref in refs)
 
 
 def test_stop_non_blocking_and_on_stop(dispatcher: Dispatcher) -> None:

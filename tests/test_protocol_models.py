@@ -229,6 +229,20 @@ def test_run_ids_sort_by_creation_time(monkeypatch: pytest.MonkeyPatch) -> None:
     assert sorted(run_ids) == run_ids
 
 
+def _crockford(value: int, length: int) -> str:
+    digits = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+    out = ""
+    for _ in range(length):
+        value, digit = divmod(value, 32)
+        out = digits[digit] + out
+    return out
+
+
+@given(st.integers(0, 2**48 - 1), st.integers(0, 2**80 - 1))
+def test_run_id_digits_are_the_timestamp_then_the_entropy(millis: int, entropy: int) -> None:
+    assert ids._ulid_digits(millis, entropy) == _crockford(millis, 10) + _crockford(entropy, 16)
+
+
 def test_trace_ids() -> None:
     traces = {ids.new_trace_id() for _ in range(100)}
     assert len(traces) == 100

@@ -348,6 +348,16 @@ def test_private_surface_used_by_mux_is_unchanged() -> None:
     assert envelope.message == "m"
     assert envelope.reply_to is None
     assert isinstance(pykka_messages._ActorStop(), object)
+    # _handle_receive handles only these four message types itself, then calls on_receive.
+    receive = inspect.getsource(actor_cls._handle_receive)
+    checked = [line.strip() for line in receive.splitlines() if "isinstance(message" in line]
+    assert checked == [
+        "if isinstance(message, messages._ActorStop):  # noqa: SLF001",
+        "if isinstance(message, messages.ProxyCall):",
+        "if isinstance(message, messages.ProxyGetAttr):",
+        "if isinstance(message, messages.ProxySetAttr):",
+    ]
+    assert receive.rstrip().endswith("return self.on_receive(message)")
     # The loop's own source still does what _mux.py replicates.
     running = inspect.getsource(actor_cls._actor_loop_running)
     for fragment in ("_handle_receive", "reply_to.set(", "set_exception()", "on_failure"):
@@ -356,3 +366,19 @@ def test_private_surface_used_by_mux_is_unchanged() -> None:
     teardown = inspect.getsource(actor_cls._actor_loop_teardown)
     assert "ActorDeadError" in teardown
     assert "_ActorStop" in teardown
+
+
+def test_actor_init_sets_what_mux_actor_sets_itself() -> None:
+    # MuxActor.__init__ does pykka's Actor.__init__ itself (a cheaper URN and stopped flag).
+    source = inspect.getsource(pykka.Actor.__init__)
+    body = [
+        line.strip()
+        for line in source.split('"""')[-1].splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+    assert body == [
+        "self.actor_urn = uuid.uuid4().urn",
+        "self.actor_inbox = self._create_actor_inbox()",
+        "self.actor_stopped = threading.Event()",
+        "self._actor_ref = ActorRef(self)",
+    ]

@@ -50,8 +50,11 @@ class CancelScope:
         # scope (two per loop iteration) cost more to allocate than all their uses.
         self._lock = _SCOPES_LOCK
         self._parent = parent
-        self._children: set[CancelScope] = set()
-        self._callbacks: list[Callable[[str], None]] = []
+        # Made on first use, like the Event: a call's scope (two per loop iteration) rarely
+        # gets a child or a callback, and each empty container is one more object for the
+        # collector to track.
+        self._children: set[CancelScope] | None = None
+        self._callbacks: list[Callable[[str], None]] | None = None
         self._reason: str | None = None
         if parent is not None and parent._deadline is not None:
             deadline = parent._deadline if deadline is None else min(deadline, parent._deadline)
@@ -97,7 +100,11 @@ class CancelScope:
         with self._lock:
             reason = self._reason
             if reason is None:
-                self._children.add(scope)
+                children = self._children
+                if children is None:
+                    self._children = {scope}
+                else:
+                    children.add(scope)
         if reason is not None:
             scope.cancel(reason)
         return scope
@@ -107,7 +114,9 @@ class CancelScope:
         parent = self._parent
         if parent is not None:
             with parent._lock:
-                parent._children.discard(self)
+                children = parent._children
+                if children is not None:
+                    children.discard(self)
 
     def cancel(self, reason: str = "cancelled") -> bool:
         """Cancel this scope and its descendants. Returns False if it was already cancelled."""
@@ -115,17 +124,19 @@ class CancelScope:
             if self._reason is not None:
                 return False
             self._reason = reason
-            children = list(self._children)
+            children = self._children
             callbacks = self._callbacks
-            self._children = set()
-            self._callbacks = []
+            self._children = None
+            self._callbacks = None
             event = self._event
         if event is not None:
             event.set()
-        for callback in callbacks:
-            _run_callback(callback, reason)
-        for child in children:
-            child.cancel(reason)
+        if callbacks is not None:
+            for callback in callbacks:
+                _run_callback(callback, reason)
+        if children is not None:
+            for child in children:  # detached above: nobody changes it any more
+                child.cancel(reason)
         return True
 
     def on_cancel(self, callback: Callable[[str], None]) -> Callable[[], None]:
@@ -136,15 +147,20 @@ class CancelScope:
         with self._lock:
             reason = self._reason
             if reason is None:
-                self._callbacks.append(callback)
+                callbacks = self._callbacks
+                if callbacks is None:
+                    self._callbacks = [callback]
+                else:
+                    callbacks.append(callback)
         if reason is not None:
             _run_callback(callback, reason)
             return _noop
 
         def unregister() -> None:
             with self._lock:
-                if callback in self._callbacks:
-                    self._callbacks.remove(callback)
+                callbacks = self._callbacks
+                if callbacks is not None and callback in callbacks:
+                    callbacks.remove(callback)
 
         return unregister
 

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 
 from steerable.actors._engine.cancel import CancelScope
+from steerable.actors._engine.flag import LazyEvent
 from steerable.protocol import (
     AgentError,
     ApprovalRequest,
@@ -65,7 +66,8 @@ class RunCell:
         self.message_ids: dict[str, int] = {}
         """Caller-chosen message ids accepted here, with their seqs (one message per id)."""
         self.cancel_requested = False
-        self.stored = threading.Event()
+        # Lazy: most runs never have a sender waiting for their first checkpoint.
+        self.stored: threading.Event = LazyEvent()
         """Set once the store holds a revision of this run, or gave up a write of it (a
         durable `send()` waits for it)."""
         self.store_error: AgentError | None = None

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -128,16 +128,6 @@ class SupervisorWork:
                 return True
         return False
 
-    def _tool_emitter(self, call_id: str) -> Callable[[str, dict[str, Any], bool], None]:
-        """`ToolContext.emit` of one call: a `LiveEvent` told to this supervisor."""
-        ref = self.actor_ref
-
-        def emit(name: str, data: dict[str, Any], live: bool) -> None:
-            with contextlib.suppress(pykka.ActorDeadError):
-                tell_now(ref, LiveEvent(EventKind.CUSTOM, {**data, "live": live}, call_id=call_id))
-
-        return emit
-
     def _start_call(self, tool: Tool[Any, Any], job: CallJob) -> None:
         services = self.services
         cell = self.cell
@@ -159,7 +149,7 @@ class SupervisorWork:
             deadline=job.deadline,
             scope=scope,
             now=services.clock.now,
-            emit=self._tool_emitter(job.call_id),
+            emit=_ToolEmit(self.actor_ref, job.call_id),
         )
         tool_job = ToolJob(tool, job.arguments, ctx, self.actor_ref)
         work = _Work(tool_job, scope, job.attempt)
@@ -315,12 +305,35 @@ _VIEW_FIELDS = tuple(f.name for f in dataclasses.fields(RunView) if f.name != "c
 
 
 def _with_call(view: RunView, call: ModelCallContext) -> RunView:
-    """`dataclasses.replace(view, call=call)` at a third of its cost (once per model call)."""
+    """`dataclasses.replace(view, call=call)`, cheaper (once per model call).
+
+    The machine builds a fresh view for each model call and keeps none (reasoning.py `ask`),
+    so a view without a call gets this one in place; one that has a call already is copied
+    field by field (a third of `replace`'s cost), the original left as it was.
+    """
+    if view.call is None:
+        object.__setattr__(view, "call", call)
+        return view
     new = object.__new__(RunView)
     for name in _VIEW_FIELDS:
         object.__setattr__(new, name, getattr(view, name))
     object.__setattr__(new, "call", call)
     return new
+
+
+class _ToolEmit:
+    """`ToolContext.emit` of one call: a `LiveEvent` told to its run (slotted: no closure)."""
+
+    __slots__ = ("_call_id", "_ref")
+
+    def __init__(self, ref: pykka.ActorRef[Any], call_id: str) -> None:
+        self._ref = ref
+        self._call_id = call_id
+
+    def __call__(self, name: str, data: dict[str, Any], live: bool) -> None:
+        with contextlib.suppress(pykka.ActorDeadError):
+            event = LiveEvent(EventKind.CUSTOM, {**data, "live": live}, call_id=self._call_id)
+            tell_now(self._ref, event)
 
 
 class _Ring:
