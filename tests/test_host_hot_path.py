@@ -33,7 +33,7 @@ def test_the_model_calls_view_is_the_machines_view_with_its_call() -> None:
     call = object()
     given = _with_call(view, call)  # type: ignore[arg-type]
     assert given.call is call
-    assert given == dataclasses.replace(plain, call=call)  # type: ignore[arg-type]
+    assert given == dataclasses.replace(plain, call=call)
     for field in dataclasses.fields(RunView):
         if field.name != "call":
             assert getattr(given, field.name) is getattr(plain, field.name)
@@ -46,7 +46,7 @@ def test_a_view_that_has_a_call_is_copied_and_left_as_it_was() -> None:
     assert copied is not view
     assert view.call is first
     assert copied.call is second
-    assert copied == dataclasses.replace(view, call=second)  # type: ignore[arg-type]
+    assert copied == dataclasses.replace(view, call=second)
     for field in dataclasses.fields(RunView):
         if field.name != "call":
             assert getattr(copied, field.name) is getattr(view, field.name)

@@ -157,7 +157,7 @@ class MemoryEvents:
                     continue
                 if limit is not None and len(out) >= limit:
                     return out
-                out.append(event_of(trace_id, tuple(row)))  # type: ignore[arg-type]
+                out.append(event_of(trace_id, tuple(row)))
             skip = 0
         return out
 

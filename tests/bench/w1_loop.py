@@ -201,16 +201,16 @@ def thin_events() -> Iterator[None]:
     from steerable.actors._machine import events, machine
 
     saved = {name: getattr(events, name) for name in _RICH_BUILDERS}
-    saved_preview = machine.decision_preview
+    saved_preview = machine.decision_preview  # type: ignore[attr-defined]
     for name in _RICH_BUILDERS:
         setattr(events, name, _thin)
-    machine.decision_preview = _thin  # type: ignore[assignment]
+    machine.decision_preview = _thin  # type: ignore[attr-defined,assignment]
     try:
         yield
     finally:
         for name, builder in saved.items():
             setattr(events, name, builder)
-        machine.decision_preview = saved_preview
+        machine.decision_preview = saved_preview  # type: ignore[attr-defined]
 
 
 def _cpu_once(rt: Runtime, n: int) -> tuple[float, float]:
