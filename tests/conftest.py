@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import pykka
 import pytest
+import structlog
 
 # Thread-name prefixes of everything steerable starts (docs/architecture.md).
 STEERABLE_THREAD_PREFIXES = ("steerable-", "RunSupervisor-", "ToolWorker-")
@@ -38,6 +39,18 @@ def no_thread_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         or ref.actor_class.__module__.startswith("steerable")
     ]
     assert not actors, f"steerable actors left registered: {actors}"
+
+
+@pytest.fixture(autouse=True)
+def structlog_as_a_fresh_process() -> Iterator[None]:
+    """Leave structlog unconfigured after each test, as a host that never set it up.
+
+    `structlog.testing.capture_logs` marks structlog configured, and a configured structlog
+    with its default logger prints to stdout: a later test's debug records would then appear
+    on the suite's output although steerable, in a fresh process, is quiet.
+    """
+    yield
+    structlog.reset_defaults()
 
 
 if TYPE_CHECKING:  # mypy resolves the kit as tests.pg_kit (explicit package bases)
