@@ -365,6 +365,9 @@ def test_dispatcher_stop_stops_live_actors_and_joins_threads() -> None:
     idle_actor = idle._actor_weakref()
     assert isinstance(blocked_actor, Echo)
     assert isinstance(idle_actor, Echo)
+    # Started before stop() (its on_start ran): an actor killed before it ever started gets
+    # no on_stop, so `stopped_event` would never be set.
+    assert idle.ask("ping", timeout=GUARD) == "ping"
     blocked.tell("block")
     assert blocked_actor.entered.wait(GUARD)
     pending = [blocked.ask(i, block=False) for i in range(5)]
