@@ -6,8 +6,9 @@ the runs nobody holds and steers every unfinished run from outside with `rt.send
 message_id=text)`; the first starts the runs. The test SIGKILLs a random live worker after a
 random delay, a few times per iteration (and workers kill themselves inside a tool, before or
 after its effect, or right after a send), replacing each dead worker with a new one; then the
-last workers run until every run finished. After every kill, every stored revision of every run
-must load.
+last workers run until every run finished. The workers' tools wait until the first kill is
+made (the file `runs.db.release`), so every iteration kills at least once mid-run. After
+every kill, every stored revision of every run must load.
 
 At the end, for every run: FINISHED; every message whose `send()` returned is in its final
 transcript exactly once, in seq order (tests/test_crash.py's checks); every `write` effect at
@@ -190,6 +191,8 @@ def one_iteration(work: Path, rng: random.Random, context: str, figures: Figures
                     figures.kills["completed"] += 1
                     finished = True
             figures.revisions_checked += live_revisions(work / "runs.db", context)
+            # The workers' `write` calls wait for this file: the first kill is mid-run.
+            (work / "runs.db.release").touch()
             while len(pool.procs) < WORKERS and not finished:
                 pool.spawn(kill_plan(rng))
                 figures.processes += 1
@@ -212,6 +215,7 @@ def one_iteration(work: Path, rng: random.Random, context: str, figures: Figures
                     pool.procs[0].wait(0.2)
     finally:
         pool.close()
+    assert kills > 0, f"{context}: no worker was killed mid-run"
     figures.revisions_checked += check_revisions(work / "runs.db", f"{context} final")
     check_final(work, context, figures)
     check_owners(work, context)

@@ -42,6 +42,7 @@ from .sqlite_events import SqliteEvents
 from .sqlite_files import private_file, unavailable
 from .sqlite_own import SqliteOwnership
 from .sqlite_reads import SqliteReads
+from .sqlite_wal import WalCheckpointer
 from .sqlite_writer import _ATTEMPT_BUSY, _STOP, SqliteWriter, WriteQueue
 from .store import CheckpointStore, check_record
 
@@ -85,8 +86,9 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
             held past `write_timeout`), with the path and the underlying error;
             `checkpoint_incompatible` for a database of a newer steerable.
 
-    The store starts one writer thread (`steerable-sqlite`); `close()` (or the Runtime's
-    shutdown) flushes and stops it.
+    The store starts one writer thread (`steerable-sqlite`) and one WAL checkpoint thread
+    (`steerable-sqlite-wal`, sqlite_wal.py); `close()` (or the Runtime's shutdown) flushes
+    and stops both.
     """
 
     durable = True
@@ -143,6 +145,14 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
         self._conn_closed = False
         conn = self._open()
         self._writer_conn = conn
+        try:
+            # The writer's commits never checkpoint (its connection's `wal_autocheckpoint` is
+            # 0): this thread does, every few commits, on its own connection (sqlite_wal.py).
+            conn.execute("PRAGMA wal_autocheckpoint=0")
+        except BaseException:
+            conn.close()
+            raise
+        self._wal = WalCheckpointer(self.path, self._connect, self._write_lock)
         self._thread = threading.Thread(
             target=self._write_loop, name="steerable-sqlite", daemon=True
         )
@@ -304,6 +314,7 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
         self._closing.set()
         self._queue.put(_STOP)
         self._thread.join(30.0)
+        self._wal.stop()  # after the writer: its last commits may have signalled it
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()

@@ -26,6 +26,7 @@ from .lease import Owner
 from .sqlite_events import EVENTS_WAKE, apply_events
 from .sqlite_files import notify_failed, notify_stored, transient, unavailable
 from .sqlite_rows import checksum
+from .sqlite_wal import WalCheckpointer
 from .store import STATIC_KEYS, TERMINAL_STATES, dynamic_part
 
 __all__ = ["SqliteWriter", "WriteQueue"]
@@ -97,6 +98,7 @@ class SqliteWriter:
     _conn_closed: bool
     _entries_len: dict[str, tuple[int, int]]
     _journal_empty: dict[str, int]
+    _wal: WalCheckpointer
 
     if TYPE_CHECKING:  # provided by SqliteOwnership and CheckpointStore (no stub shadows them)
 
@@ -219,6 +221,7 @@ class SqliteWriter:
                     else:
                         self._apply_batch(conn, prepared, checked, refused)
                     conn.execute("COMMIT")
+                    self._wal.committed()
                 self._fenced_now = {run_id for run_id, ok in checked.items() if not ok}
             except BaseException as exc:  # noqa: BLE001 - reported to every waiter, and logged
                 with self._write_lock:
@@ -324,6 +327,7 @@ class SqliteWriter:
                 )
             except sqlite3.Error:
                 return False  # nothing stored: the statement's transaction is rolled back
+            self._wal.committed()
         return True
 
     def _rollback(self, conn: sqlite3.Connection) -> None:

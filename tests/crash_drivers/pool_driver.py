@@ -19,8 +19,10 @@ start appends `<pid> <run_id> <call_id> <key> <epoch> <time.monotonic()>` to EFF
 KILL is `none`, `tool:<k>:before`, `tool:<k>:after` (SIGKILL self in this process's k-th tool
 call, before or after its effect) or `send:<k>` (right after the k-th send returned and was
 logged); the parent also kills at random moments. The `start` worker starts its runs once the
-file DB + `.go` exists (the parent's other workers are up by then). Prints `done` and exits
-once every run in the store is FINISHED.
+file DB + `.go` exists (the parent's other workers are up by then). Every `write` call first
+waits until the file DB + `.release` exists (the parent creates it after its first kill), so
+that kill always lands mid-run however fast the store is. Prints `done` and exits once every
+run in the store is FINISHED.
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ def write(run: str, n: int, nonce: str, ctx: ToolContext) -> str:
         EFFECTS + ".starts",
         f"{os.getpid()} {ctx.run_id} {ctx.call_id} {key} {epoch} {time.monotonic()}\n",
     )
+    # Held until the parent's first kill: without it a fast store can finish every run before
+    # the first kill timer fires (an iteration of no kills proves nothing).
+    while not os.path.exists(DB + ".release") and not ctx.cancelled:
+        _pause.wait(0.01)
     if rng.random() < 0.5:
         _pause.wait(rng.random() * 0.05)
     with _lock:
