@@ -31,6 +31,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,6 +42,12 @@ DRIVER = Path(__file__).parent / "crash_drivers" / "crash_driver.py"
 ITERATIONS = int(os.environ.get("STEERABLE_CRASH_ITERATIONS", "16"))
 RUNS, WRITES, MESSAGES = 3, 4, 3
 PROCESS_WAIT = 120.0  # fail-instead-of-hang bound for one driver process
+
+
+def open_store(db: Path) -> Any:
+    """The checks' store on the database `db` (tests/test_crash_processes.py points it at
+    PostgreSQL)."""
+    return SqliteStore(db)
 
 
 @dataclass
@@ -120,7 +127,7 @@ def run_driver(
 
 def check_revisions(db: Path, context: str) -> int:
     """Every stored revision of every run loads, its transcript whole. Returns how many."""
-    store = SqliteStore(db)
+    store = open_store(db)
     try:
         checked = 0
         for summary in store.runs():
@@ -156,7 +163,7 @@ def check_final(work: Path, context: str, figures: Figures) -> None:
     sent: dict[str, list[tuple[int, str]]] = {}
     for run_id, seq, text in read_lines(work / "sent.txt"):
         sent.setdefault(run_id, []).append((int(seq), text))
-    store = SqliteStore(work / "runs.db")
+    store = open_store(work / "runs.db")
     try:
         runs = store.runs()
         stored_ids = {r.run_id for r in runs}
