@@ -1,6 +1,7 @@
 """The crash loop (R21 in docs/requirements.md; docs/contract.md, durable inbox): runs driven
-against a SqliteStore by a subprocess that is killed with SIGKILL at random points, then
-resumed by new processes, many times over.
+against a store (a SQLite file; and, the same loop, a PostgreSQL schema per iteration) by a
+subprocess that is killed with SIGKILL at random points, then resumed by new processes, many
+times over.
 
 Each iteration uses a fresh database. A `start` process (tests/crash_drivers/crash_driver.py)
 starts runs whose agent makes key-honouring writes, waits for user messages the driver sends,
@@ -31,16 +32,33 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from steerable.actors import SqliteStore
 from steerable.protocol import RunState, ToolResult, UserMessage
 
+if TYPE_CHECKING:
+    from tests.pg_kit import admin, drop_schema, pg_store
+else:
+    from pg_kit import admin, drop_schema, pg_store
+
 DRIVER = Path(__file__).parent / "crash_drivers" / "crash_driver.py"
 ITERATIONS = int(os.environ.get("STEERABLE_CRASH_ITERATIONS", "16"))
 RUNS, WRITES, MESSAGES = 3, 4, 3
 PROCESS_WAIT = 120.0  # fail-instead-of-hang bound for one driver process
+
+
+def store_arg(work: Path) -> str:
+    """The drivers' DB argument for an iteration's folder (the PostgreSQL case: `pg:SCHEMA`)."""
+    return str(work / "runs.db")
+
+
+def open_store(db: Path) -> Any:
+    """The checks' store on the database `db` (tests/test_crash_processes.py points it at
+    PostgreSQL)."""
+    return SqliteStore(db)
 
 
 @dataclass
@@ -81,7 +99,7 @@ def run_driver(
             [
                 sys.executable,
                 str(DRIVER),
-                str(work / "runs.db"),
+                store_arg(work),
                 str(work / "effects.txt"),
                 str(work / "sent.txt"),
                 mode,
@@ -120,7 +138,7 @@ def run_driver(
 
 def check_revisions(db: Path, context: str) -> int:
     """Every stored revision of every run loads, its transcript whole. Returns how many."""
-    store = SqliteStore(db)
+    store = open_store(db)
     try:
         checked = 0
         for summary in store.runs():
@@ -156,7 +174,7 @@ def check_final(work: Path, context: str, figures: Figures) -> None:
     sent: dict[str, list[tuple[int, str]]] = {}
     for run_id, seq, text in read_lines(work / "sent.txt"):
         sent.setdefault(run_id, []).append((int(seq), text))
-    store = SqliteStore(work / "runs.db")
+    store = open_store(work / "runs.db")
     try:
         runs = store.runs()
         stored_ids = {r.run_id for r in runs}
@@ -219,12 +237,39 @@ def one_iteration(work: Path, rng: random.Random, context: str, figures: Figures
 
 @pytest.mark.slow
 def test_crash_loop(tmp_path: Path) -> None:
+    crash_loop(tmp_path)
+
+
+@pytest.mark.slow
+def test_crash_loop_on_postgres(
+    tmp_path: Path, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same loop on PostgreSQL: a fresh schema per iteration."""
+    schemas: list[str] = []
+
+    def schema(work: Path) -> str:
+        name = f"{pg_schema}_{work.name.replace('-', '_')}"
+        if name not in schemas:
+            schemas.append(name)
+        return name
+
+    monkeypatch.setattr(sys.modules[__name__], "store_arg", lambda work: f"pg:{schema(work)}")
+    monkeypatch.setattr(sys.modules[__name__], "open_store", lambda db: pg_store(schema(db.parent)))
+    try:
+        crash_loop(tmp_path, max(1, ITERATIONS // 2))  # a server round trip per write: slower
+        assert all(admin(f"SELECT count(*) FROM {name}.runs")[0][0] > 0 for name in schemas)
+    finally:
+        for name in schemas:
+            drop_schema(name)
+
+
+def crash_loop(tmp_path: Path, iterations: int = ITERATIONS) -> None:
     seed = int(os.environ.get("STEERABLE_CRASH_SEED", str(random.randrange(2**32))))
     rng = random.Random(seed)
     figures = Figures()
     started = time.monotonic()
     failures: list[str] = []
-    for iteration in range(ITERATIONS):
+    for iteration in range(iterations):
         work = tmp_path / f"iteration-{iteration}"
         work.mkdir()
         context = f"seed={seed} iteration={iteration} (logs: {work / 'driver.log'})"

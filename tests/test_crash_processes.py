@@ -1,4 +1,4 @@
-"""The crash loop across processes: worker processes on one SQLite file, killed at random points.
+"""The crash loop across processes: worker processes on one database, killed at random points.
 
 Each iteration uses a fresh database. Three worker processes (tests/crash_drivers/
 pool_driver.py) run at once, each a `Runtime(adopt_orphans=True, lease_ttl=1)` that adopts
@@ -7,7 +7,7 @@ message_id=text)`; the first starts the runs. The test SIGKILLs a random live wo
 random delay, a few times per iteration (and workers kill themselves inside a tool, before or
 after its effect, or right after a send), replacing each dead worker with a new one; then the
 last workers run until every run finished. The workers' tools wait until the first kill is
-made (the file `runs.db.release`), so every iteration kills at least once mid-run. After
+made (the file `release`), so every iteration kills at least once mid-run. After
 every kill, every stored revision of every run must load.
 
 At the end, for every run: FINISHED; every message whose `send()` returned is in its final
@@ -19,7 +19,8 @@ of its tool starts never decrease and each epoch belongs to one process.
 The default keeps this file to about half a minute; `STEERABLE_CRASH_CYCLES=<n>` sets the
 number of kill cycles (a random worker killed after a random delay; 4 per database) for a
 long run (`STEERABLE_CRASH_SEED=<seed>` replays one: the seed is in every
-failure message).
+failure message). The loop runs on a SQLite file and on PostgreSQL (a schema per iteration
+of the server of $STEERABLE_PG_DSN; the workers stand for hosts sharing it).
 """
 
 from __future__ import annotations
@@ -35,13 +36,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
+    import tests.test_crash as crash
+    from tests.pg_kit import admin, drop_schema, pg_store
     from tests.test_crash import Figures, check_final, check_revisions, read_lines
 else:
+    import test_crash as crash
+    from pg_kit import admin, drop_schema, pg_store
     from test_crash import Figures, check_final, check_revisions, read_lines
 
 DRIVER = Path(__file__).parent / "crash_drivers" / "pool_driver.py"
@@ -50,6 +55,25 @@ KILLS_PER_ITERATION = 4
 WORKERS = 3
 RUNS, WRITES, MESSAGES = 3, 4, 3  # as tests/test_crash.py checks them
 PROCESS_WAIT = 120.0  # fail-instead-of-hang bound for one iteration's end
+
+
+def store_arg(work: Path) -> str:
+    """The workers' DB argument for an iteration's folder (the PostgreSQL case: `pg:SCHEMA`)."""
+    return str(work / "runs.db")
+
+
+def revision_epochs(work: Path) -> dict[str, list[tuple[int, int]]]:
+    """(revision, epoch) of every stored revision, by run and revision."""
+    conn = sqlite3.connect(work / "runs.db")
+    try:
+        out: dict[str, list[tuple[int, int]]] = {}
+        for run_id, revision, epoch in conn.execute(
+            "SELECT run_id, revision, epoch FROM revisions ORDER BY run_id, revision"
+        ).fetchall():
+            out.setdefault(run_id, []).append((revision, epoch))
+        return out
+    finally:
+        conn.close()
 
 
 @dataclass
@@ -71,7 +95,7 @@ class Pool:
             [
                 sys.executable,
                 str(DRIVER),
-                str(self.work / "runs.db"),
+                store_arg(self.work),
                 str(self.work / "effects.txt"),
                 str(self.work / "sent.txt"),
                 str(self.rng.randrange(2**32)),
@@ -124,17 +148,9 @@ def kill_plan(rng: random.Random) -> str:
 
 def check_owners(work: Path, context: str) -> int:
     """Epochs of stored revisions never decrease; tool starts: one owner (epoch) at a time."""
-    conn = sqlite3.connect(work / "runs.db")
-    try:
-        for (run_id,) in conn.execute("SELECT run_id FROM runs").fetchall():
-            rows = conn.execute(
-                "SELECT revision, epoch FROM revisions WHERE run_id=? ORDER BY revision",
-                (run_id,),
-            ).fetchall()
-            epochs = [epoch for _, epoch in rows]
-            assert epochs == sorted(epochs), f"{context}: {run_id} epochs {rows}"
-    finally:
-        conn.close()
+    for run_id, rows in revision_epochs(work).items():
+        epochs = [epoch for _, epoch in rows]
+        assert epochs == sorted(epochs), f"{context}: {run_id} epochs {rows}"
     starts: dict[str, list[tuple[float, int, int]]] = {}
     for pid, run_id, _call, _key, epoch, at in read_lines(work / "effects.txt.starts"):
         starts.setdefault(run_id, []).append((float(at), int(epoch), int(pid)))
@@ -169,7 +185,7 @@ def one_iteration(work: Path, rng: random.Random, context: str, figures: Figures
         first = pool.spawn("none", start=True, wait=False)
         for _ in range(WORKERS - 1):
             pool.spawn(kill_plan(rng))
-        (work / "runs.db.go").touch()  # every worker is up: the runs start now
+        (work / "go").touch()  # every worker is up: the runs start now
         pool.wait_ready(first)
         figures.processes += WORKERS
         finished = False  # a worker said done: every run is FINISHED, nothing is left to kill
@@ -192,7 +208,7 @@ def one_iteration(work: Path, rng: random.Random, context: str, figures: Figures
                     finished = True
             figures.revisions_checked += live_revisions(work / "runs.db", context)
             # The workers' `write` calls wait for this file: the first kill is mid-run.
-            (work / "runs.db.release").touch()
+            (work / "release").touch()
             while len(pool.procs) < WORKERS and not finished:
                 pool.spawn(kill_plan(rng))
                 figures.processes += 1
@@ -224,6 +240,48 @@ def one_iteration(work: Path, rng: random.Random, context: str, figures: Figures
 
 @pytest.mark.slow
 def test_crash_loop_across_processes(tmp_path: Path) -> None:
+    crash_loop(tmp_path)
+
+
+@pytest.mark.slow
+def test_crash_loop_across_processes_on_postgres(
+    tmp_path: Path, pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same loop with the workers on PostgreSQL: a fresh schema per iteration."""
+    schemas: list[str] = []
+
+    def schema(work: Path) -> str:
+        name = f"{pg_schema}_{work.name.replace('-', '_')}"
+        if name not in schemas:  # created before the workers race to open it
+            pg_store(name).close()
+            schemas.append(name)
+        return name
+
+    def epochs(work: Path) -> dict[str, list[tuple[int, int]]]:
+        out: dict[str, list[tuple[int, int]]] = {}
+        for run_id, revision, epoch in admin(
+            f"SELECT run_id, revision, epoch FROM {schema(work)}.revisions "
+            "ORDER BY run_id, revision"
+        ):
+            out.setdefault(run_id, []).append((revision, epoch))
+        return out
+
+    def store(db: Path) -> Any:
+        return pg_store(schema(db.parent))
+
+    monkeypatch.setattr(sys.modules[__name__], "store_arg", lambda work: f"pg:{schema(work)}")
+    monkeypatch.setattr(sys.modules[__name__], "revision_epochs", epochs)
+    monkeypatch.setattr(crash, "open_store", store)
+    try:
+        crash_loop(tmp_path)
+        assert schemas  # it ran on PostgreSQL
+        assert all(admin(f"SELECT count(*) FROM {name}.runs")[0][0] > 0 for name in schemas)
+    finally:
+        for name in schemas:
+            drop_schema(name)
+
+
+def crash_loop(tmp_path: Path) -> None:
     seed = int(os.environ.get("STEERABLE_CRASH_SEED", str(random.randrange(2**32))))
     rng = random.Random(seed)
     figures = Figures()

@@ -3,7 +3,10 @@
 The driver processes stand for hosts sharing one database (a fresh schema of the test server):
 four processes resuming `unfinished()` together resume each run once; a SIGKILLed owner's runs
 are adopted within the lease TTL; a SIGSTOPped owner is fenced out and lands nothing after it
-thaws. Each case is the SQLite scenario itself, with the harness's store hooks pointed here.
+thaws; a process that owns nothing steers, approves, denies and cancels another process's runs
+(each message delivered once, in order; each decision settled once; the cancel ends the run).
+Each case is the SQLite scenario itself, with the harness's store hooks pointed here. (The
+crash loop across processes runs on PostgreSQL in tests/test_crash_processes.py.)
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ CASES: list[Callable[..., None]] = [
     procs.test_four_processes_resuming_unfinished_resume_each_run_exactly_once,
     procs.test_a_killed_owners_runs_are_adopted_within_the_lease_ttl,
     procs.test_a_frozen_owner_is_fenced_out_and_lands_nothing_after_it_thaws,
+    procs.test_steer_approve_deny_and_cancel_from_a_process_that_does_not_own_the_run,
 ]
 
 

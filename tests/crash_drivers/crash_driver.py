@@ -1,7 +1,8 @@
-"""One process of the crash loop (tests/test_crash.py): drive runs on a SqliteStore until done,
+"""One process of the crash loop (tests/test_crash.py): drive runs on a store until done,
 unless killed first.
 
 Usage: crash_driver.py DB EFFECTS SENT MODE SEED RUNS WRITES MESSAGES KILL
+(DB: a SQLite file, or `pg:SCHEMA`)
 
 - MODE `start` starts RUNS runs; MODE `resume` resumes every run `rt.unfinished()` lists.
 - Each run makes WRITES calls of the key-honouring write tool `write` (plans of two parallel
@@ -18,7 +19,8 @@ Usage: crash_driver.py DB EFFECTS SENT MODE SEED RUNS WRITES MESSAGES KILL
   draws a fresh random nonce for every plan, so a key reused for a different write shows.
 - KILL is `none`, `tool:<k>:before`, `tool:<k>:after` (SIGKILL self in the k-th tool call,
   before or after recording its effect), `send:<k>` (right after the k-th send returned and
-  was logged) or `checkpoint:<k>` (inside the k-th checkpoint's transaction, before COMMIT).
+  was logged) or `checkpoint:<k>` (inside the k-th checkpoint's transaction, before COMMIT; on
+PostgreSQL just before the batch holding it is sent, so the server never sees its COMMIT).
   The parent may also kill the process at a random moment.
 
 Prints `done` when every run it drove ended.
@@ -31,7 +33,12 @@ import random
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.crash_drivers.stores import open_store
+else:  # run as a script: its folder is on sys.path
+    from stores import open_store
 
 from steerable.actors import RunHandle, Runtime, SqliteStore, ToolContext, tool
 from steerable.actors.testing import wait_event
@@ -133,18 +140,34 @@ class CrashAgent:
 
 def patch_checkpoints() -> None:
     """Kill inside the k-th checkpoint's transaction (after its rows, before COMMIT)."""
+    if DB.startswith("pg:"):
+        from steerable.actors import PostgresStore
+
+        commit = PostgresStore._commit
+
+        def send(self: PostgresStore, batch: list[Any]) -> None:
+            with _lock:
+                for op, _, _ in batch:
+                    if op[0] == "checkpoint":
+                        _counts["checkpoint"] += 1
+                        kill_point("checkpoint")
+            commit(self, batch)
+
+        PostgresStore._commit = send  # type: ignore[method-assign]
+        return
     original = SqliteStore._apply_checkpoint
 
-    def apply(self: SqliteStore, conn: Any, *args: Any) -> None:
-        original(self, conn, *args)
+    def apply(self: SqliteStore, conn: Any, *args: Any) -> Any:
+        refused = original(self, conn, *args)  # a refusal (stale revision) passes through
         with _lock:
             _counts["checkpoint"] += 1
             kill_point("checkpoint")
+        return refused
 
     SqliteStore._apply_checkpoint = apply  # type: ignore[method-assign,assignment]
 
 
-def accepted(store: SqliteStore, run_id: str) -> set[str]:
+def accepted(store: Any, run_id: str) -> set[str]:
     """Texts of the messages the store holds for a run (delivered, pending or in the inbox)."""
     stored = store.load(run_id)
     texts = {m.content for m in stored.transcript if isinstance(m, UserMessage)}
@@ -165,7 +188,7 @@ def signal_ready() -> None:
 def main() -> None:
     if KILL[0] == "checkpoint":
         patch_checkpoints()
-    store = SqliteStore(DB)
+    store = open_store(DB)
     rt = Runtime(store=store, tools=[write])
     signal_ready()
     handles: list[RunHandle] = []

@@ -31,9 +31,14 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from steerable.actors import RunHandle, Runtime, SqliteStore, ToolContext, tool
+if TYPE_CHECKING:
+    from tests.crash_drivers.stores import open_store
+else:  # run as a script: its folder is on sys.path
+    from stores import open_store
+
+from steerable.actors import RunHandle, Runtime, ToolContext, tool
 from steerable.protocol import ErrorCode, Finish, Plan, RunView, SteerableError, ToolCall
 
 ARGS = sys.argv[1:]
@@ -143,17 +148,8 @@ def watch_adoptions(rt: Runtime, pending: set[str], all_done: threading.Event) -
     logger.addHandler(Adopted())
 
 
-def open_store() -> Any:
-    """DB is a SQLite file, or `pg:SCHEMA` (a schema on the server of $STEERABLE_PG_DSN)."""
-    if DB.startswith("pg:"):
-        from steerable.actors import PostgresStore
-
-        return PostgresStore(os.environ["STEERABLE_PG_DSN"], schema=DB[3:])
-    return SqliteStore(DB)
-
-
 def main() -> None:
-    store = open_store()
+    store = open_store(DB)
     pending: set[str] = set()
     all_done = threading.Event()
     rt = Runtime(

@@ -1,8 +1,9 @@
 """One worker process of the cross-process crash loop (tests/test_crash_processes.py).
 
 Usage: pool_driver.py DB EFFECTS SENT SEED RUNS WRITES MESSAGES KILL [start]
+(DB: a SQLite file, or `pg:SCHEMA`)
 
-Several of these run at once on one SQLite file, as a web server's workers would: each is a
+Several of these run at once on one database, as a web server's workers would: each is a
 `Runtime(adopt_orphans=True)` that adopts the runs nobody holds (the one given `start` starts
 RUNS runs first), and each steers every unfinished run from outside: it sends each run the
 messages `<run_id>:m<i>` (i < MESSAGES) in order, with `rt.send(run_id, text,
@@ -19,10 +20,10 @@ start appends `<pid> <run_id> <call_id> <key> <epoch> <time.monotonic()>` to EFF
 KILL is `none`, `tool:<k>:before`, `tool:<k>:after` (SIGKILL self in this process's k-th tool
 call, before or after its effect) or `send:<k>` (right after the k-th send returned and was
 logged); the parent also kills at random moments. The `start` worker starts its runs once the
-file DB + `.go` exists (the parent's other workers are up by then). Every `write` call first
-waits until the file DB + `.release` exists (the parent creates it after its first kill), so
-that kill always lands mid-run however fast the store is. Prints `done` and exits once every
-run in the store is FINISHED.
+file `go` exists in EFFECTS's folder (the parent's other workers are up by then). Every
+`write` call first waits until the file `release` exists there (the parent creates it after
+its first kill), so that kill always lands mid-run however fast the store is. Prints `done`
+and exits once every run in the store is FINISHED.
 """
 
 from __future__ import annotations
@@ -34,9 +35,14 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from steerable.actors import Runtime, SqliteStore, ToolContext, tool
+if TYPE_CHECKING:
+    from tests.crash_drivers.stores import open_store
+else:  # run as a script: its folder is on sys.path
+    from stores import open_store
+
+from steerable.actors import Runtime, ToolContext, tool
 from steerable.protocol import (
     AskUser,
     ErrorCode,
@@ -56,6 +62,8 @@ SEED, RUNS, WRITES, MESSAGES = int(ARGS[3]), int(ARGS[4]), int(ARGS[5]), int(ARG
 KILL = ARGS[7].split(":")
 START = len(ARGS) > 8 and ARGS[8] == "start"
 TTL = 1.0
+GO = os.path.join(os.path.dirname(os.path.abspath(EFFECTS)), "go")
+RELEASE = os.path.join(os.path.dirname(os.path.abspath(EFFECTS)), "release")
 rng = random.Random(SEED)
 _pause = threading.Event()  # never set: waits are plain timeouts
 _lock = threading.Lock()
@@ -90,7 +98,7 @@ def write(run: str, n: int, nonce: str, ctx: ToolContext) -> str:
     )
     # Held until the parent's first kill: without it a fast store can finish every run before
     # the first kill timer fires (an iteration of no kills proves nothing).
-    while not os.path.exists(DB + ".release") and not ctx.cancelled:
+    while not os.path.exists(RELEASE) and not ctx.cancelled:
         _pause.wait(0.01)
     if rng.random() < 0.5:
         _pause.wait(rng.random() * 0.05)
@@ -135,7 +143,7 @@ class CrashAgent:
         return Finish(output={"writes": writes, "messages": messages})
 
 
-def accepted(store: SqliteStore, run_id: str) -> set[str]:
+def accepted(store: Any, run_id: str) -> set[str]:
     """Texts of the messages the store holds for a run (delivered, pending or in the inbox)."""
     stored = store.load(run_id)
     texts = {m.content for m in stored.transcript if isinstance(m, UserMessage)}
@@ -144,7 +152,7 @@ def accepted(store: SqliteStore, run_id: str) -> set[str]:
     return texts
 
 
-def steer(rt: Runtime, store: SqliteStore) -> bool:
+def steer(rt: Runtime, store: Any) -> bool:
     """One pass: send each unfinished run its next message. True once every run finished."""
     runs = store.runs()
     if len(runs) < RUNS:
@@ -173,7 +181,7 @@ def steer(rt: Runtime, store: SqliteStore) -> bool:
 
 
 def main() -> None:
-    store = SqliteStore(DB)
+    store = open_store(DB)
     rt = Runtime(
         store=store,
         tools=[write],
@@ -183,7 +191,7 @@ def main() -> None:
     )
     RT.append(rt)
     if START:  # every run is stored before the parent's kill timer starts
-        while not os.path.exists(DB + ".go"):  # the parent's other workers are up
+        while not os.path.exists(GO):  # the parent's other workers are up
             _pause.wait(0.01)
         handles = [rt.start(f"crash run {i}", agent=CrashAgent()) for i in range(RUNS)]
         for handle in handles:

@@ -1,6 +1,6 @@
 """A process of the cross-process steering tests (tests/test_ownership_processes.py).
 
-Usage: steer_driver.py DB JOURNAL TTL ROLE
+Usage: steer_driver.py DB JOURNAL TTL ROLE  (DB: a SQLite file, or `pg:SCHEMA`)
 
 ROLE is one of:
 - `own`: owns the runs it starts. Commands on stdin: `start <name>` starts a run of the
@@ -27,9 +27,14 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from steerable.actors import Runtime, SqliteStore, ToolContext, tool
+if TYPE_CHECKING:
+    from tests.crash_drivers.stores import open_store
+else:  # run as a script: its folder is on sys.path
+    from stores import open_store
+
+from steerable.actors import Runtime, ToolContext, tool
 from steerable.protocol import (
     AskUser,
     Finish,
@@ -145,7 +150,7 @@ def steer(rt: Runtime) -> None:
 
 
 def main() -> None:
-    rt = Runtime(store=SqliteStore(DB), tools=[publish], lease_ttl=TTL)
+    rt = Runtime(store=open_store(DB), tools=[publish], lease_ttl=TTL)
     try:
         own(rt) if ROLE == "own" else steer(rt)
     finally:
