@@ -130,6 +130,36 @@ def test_a_write_with_an_old_epoch_is_refused_and_reported(tmp_path: Path) -> No
         second.close()
 
 
+def test_a_zombies_events_alone_are_refused_and_reported(tmp_path: Path) -> None:
+    # A batch that holds only events is fenced as a checkpoint is (on PostgreSQL it is one
+    # statement that locks and checks the lease row of each event it stores).
+    path = tmp_path / "runs.db"
+    first, second = SqliteStore(path), SqliteStore(path)
+    fenced: list[str] = []
+    first.add_fence_listener(fenced.append)
+    try:
+        a, b = Owner.new(), Owner.new()
+        stored_run(first, "r")
+        first.claim("r", a, 0.2)
+
+        def event(seq: int) -> tuple[object, ...]:
+            return (seq, EventKind.MESSAGE_ACCEPTED, None, 1.0, {"seq": seq}, "r", None)
+
+        first.append_events("r", "t", [event(0)])
+        first.flush()
+        assert [e.seq for e in second.events("r")] == [0]  # the owner's events land
+        assert fenced == []
+        until_expired(first, "r")
+        second.claim("r", b, 30.0)
+        first.append_events("r", "t", [event(1), event(2)])
+        first.flush()
+        assert fenced == ["r"]
+        assert [e.seq for e in second.events("r")] == [0]  # nothing of the zombie's
+    finally:
+        first.close()
+        second.close()
+
+
 def test_release_lets_another_owner_claim_at_once(store: CheckpointStore) -> None:
     a, b = Owner.new(), Owner.new()
     stored_run(store, "r")

@@ -357,14 +357,17 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
     def _statements(self, batch: list[tuple[Any, Any, Any]], prepared: dict[int, Any]) -> Batch:
         """One batch's statements (postgres_batch.py), built once: a retry sends them again."""
         agents: dict[str, str] = {}
+        locks: set[str] = set()  # runs with a checkpoint or a journal write in the batch
         for op, _, _ in batch:
             if op[0] in FENCED_OPS:
                 agent = op[3]["agent"] if op[0] == "checkpoint" else ""
                 agents[op[1]] = agents.get(op[1]) or agent
+                if op[0] != "events":
+                    locks.add(op[1])
         with self._held_lock:
             held = {r: self._held[r] for r in agents if r in self._held}
         writes = Batch(self._s, held, self._ttl, self._static_written, self._leased)
-        writes.lock_leases(agents)
+        writes.lock_leases(agents, locks)
         for index, (op, _, _) in enumerate(batch):
             if index not in prepared:
                 continue

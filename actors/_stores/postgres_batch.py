@@ -122,6 +122,8 @@ class Batch:
         self._inbox: dict[tuple[str, int], tuple[bytes, str | None]] = {}
         self._events: dict[tuple[str, int], tuple[bytes, int]] = {}
         self._trim: dict[str, int] = {}
+        self._unlocked: set[str] = set()
+        self._events_at: int | None = None
 
     def _add(self, sql: str, params: tuple[Any, ...] = ()) -> int:
         self.statements.append((sql, params))
@@ -129,18 +131,32 @@ class Batch:
 
     # ------------------------------------------------------------------ fencing
 
-    def lock_leases(self, agents: dict[str, str]) -> None:
-        """Lock the held runs' lease rows (in run-id order, as renewals do: no deadlock) and
-        make the lease of each new run (epoch 1) that has none yet."""
-        if not self.held:
+    def lock_leases(self, agents: dict[str, str], writes: set[str]) -> None:
+        """Lock the lease rows (in run-id order, as renewals do: no deadlock) of the held runs
+        with a checkpoint or journal write among `writes`, and of each new run (epoch 1) whose
+        lease this batch makes.
+
+        A held run with only events in the batch is not locked here: its events statement
+        locks the lease row of each row it stores and says which runs it stored (`outcome`),
+        so a batch of events alone is one statement and its own transaction (W9pg: a host
+        message's stored event costs no BEGIN, lock and COMMIT of its own).
+        """
+        locked = {
+            run_id
+            for run_id, (_, epoch) in self.held.items()
+            if run_id in writes or (epoch == 1 and run_id not in self.leased)
+        }
+        self._unlocked = set(self.held) - locked
+        if not locked:
             return
         s = self.s
         self._lease_rows = self._add(
             f"SELECT run_id, owner, epoch FROM {s}.leases WHERE run_id = ANY(%s) "
             "ORDER BY run_id FOR SHARE",
-            (sorted(self.held),),
+            (sorted(locked),),
         )
-        for run_id, (owner, epoch) in sorted(self.held.items()):
+        for run_id in sorted(locked):
+            owner, epoch = self.held[run_id]
             if epoch == 1 and run_id not in self.leased:
                 # A new run: its first write makes its lease (nobody else can know it yet).
                 self._new[run_id] = self._add(
@@ -287,12 +303,15 @@ class Batch:
             keys = list(self._events)
             owners = [self.held.get(k[0]) for k in keys]
             # Each row lands only where its run's fence holds (no owner: the run is not held).
-            self._add(
+            # FOR SHARE: a claim of the run waits for this statement's transaction, and one
+            # that committed first fails the check (the row is checked again once locked).
+            self._events_at = self._add(
                 f"INSERT INTO {s}.events SELECT t.r, t.q, t.e, t.c FROM unnest(%s::text[], "
                 "%s::bigint[], %s::bytea[], %s::bigint[], %s::text[], %s::bigint[]) "
                 "AS t(r, q, e, c, o, p) WHERE t.o IS NULL OR EXISTS (SELECT 1 FROM "
-                f"{s}.leases l WHERE l.run_id = t.r AND l.owner = t.o AND l.epoch = t.p) "
-                "ON CONFLICT (run_id, seq) DO UPDATE SET event=excluded.event, crc=excluded.crc",
+                f"{s}.leases l WHERE l.run_id = t.r AND l.owner = t.o AND l.epoch = t.p "
+                "FOR SHARE) ON CONFLICT (run_id, seq) DO UPDATE SET event=excluded.event, "
+                "crc=excluded.crc RETURNING run_id",
                 (
                     [k[0] for k in keys],
                     [k[1] for k in keys],
@@ -319,10 +338,17 @@ class Batch:
         static row this batch wrote, and the checkpoints refused because an earlier revision
         was not stored."""
         fence: dict[str, bool] = {}
+        if self._unlocked:
+            at = self._events_at
+            landed = {r[0] for r in (results[at][1] or [])} if at is not None else set()
+            rows_of = {run_id for run_id, _ in self._events}
+            fence.update((r, r in landed) for r in self._unlocked if r in rows_of)
         if self._lease_rows is not None:
             rows = results[self._lease_rows][1] or []
             stored = {r[0]: (r[1], int(r[2])) for r in rows}
             for run_id, (owner, epoch) in self.held.items():
+                if run_id in self._unlocked:
+                    continue
                 row = stored.get(run_id)
                 if row is None and run_id in self._new:
                     fence[run_id] = results[self._new[run_id]][0] == 1
