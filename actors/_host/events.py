@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from steerable.actors._observe.feed import KINDS, PHASES, Feed
+from steerable.actors._observe.feed import Feed, build_event
 from steerable.protocol import EventKind, Phase, RunEvent
 
 if TYPE_CHECKING:
@@ -38,9 +38,6 @@ _SLOTS = 6
 _RUN_ENDED = EventKind.RUN_ENDED.value
 _MODEL_DELTA = EventKind.MODEL_DELTA.value
 _CUSTOM = EventKind.CUSTOM.value
-_new = object.__new__
-_set = object.__setattr__
-_EVENT_FIELDS = frozenset(RunEvent.model_fields)
 
 
 class EventLog:
@@ -279,36 +276,8 @@ class EventLog:
         return EventStream(self, start, timeout, only)
 
     def to_event(self, raw: _Raw) -> RunEvent:
-        """Build the public event of one raw record.
-
-        Without validation (`model_construct`): every field is a value the runtime built
-        itself (the kind and phase are looked up from their own enums, the payload came from
-        the machine's builders), and validating would copy `data` for each reader on the
-        reader's thread, which for an async reader is the event loop (docs/host.md "Keeping
-        the loop free").
-        """
-        seq, kind, phase, at, data, run_id, parent = raw
-        event: RunEvent = _new(RunEvent)
-        # What `model_construct` leaves in a model, set directly: it is a Python loop over
-        # the fields, slower than the validation it skips.
-        _set(
-            event,
-            "__dict__",
-            {
-                "run_id": run_id,
-                "trace_id": self.trace_id,
-                "seq": seq,
-                "kind": KINDS[kind],
-                "phase": PHASES[phase],
-                "at": at,
-                "data": data,
-                "parent_run_id": parent,
-            },
-        )
-        _set(event, "__pydantic_fields_set__", set(_EVENT_FIELDS))
-        _set(event, "__pydantic_extra__", None)
-        _set(event, "__pydantic_private__", None)
-        return event
+        """Build the public event of one raw record (no validation pass: `build_event`)."""
+        return build_event(self.trace_id, raw)
 
 
 class EventStream:
