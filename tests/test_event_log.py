@@ -5,6 +5,9 @@ from __future__ import annotations
 import gc
 import threading
 
+import pytest
+from pydantic import ValidationError
+
 from steerable.actors._host.events import EventLog
 from steerable.actors._observe.feed import Feed
 from steerable.protocol import EventKind, Phase, RunEvent
@@ -114,3 +117,35 @@ def test_the_feed_builds_events_with_the_enums() -> None:
     (event,) = got
     assert event.kind is EventKind.TOOL_STARTED
     assert event.phase is Phase.EXECUTE
+
+
+def test_a_built_event_is_the_model_validation_would_make() -> None:
+    # `to_event` skips validation (it runs on an async reader's loop): the event must still
+    # be indistinguishable from a validated one, and as frozen.
+    log = EventLog("t1")
+    data = {"call_id": "c1", "steps": [{"tool": "noop", "arguments": {}}]}
+    log.append("child", EventKind.TOOL_FINISHED, Phase.EXECUTE, 1.5, data, "parent")
+    log.append("r1", EventKind.RUN_STARTED, None, 2.0, {})
+    built = [log.to_event(raw) for raw in log._records(0)]
+    validated = [
+        RunEvent(
+            run_id="child",
+            trace_id="t1",
+            seq=0,
+            kind=EventKind.TOOL_FINISHED,
+            phase=Phase.EXECUTE,
+            at=1.5,
+            data=data,
+            parent_run_id="parent",
+        ),
+        RunEvent(run_id="r1", trace_id="t1", seq=1, kind=EventKind.RUN_STARTED, at=2.0),
+    ]
+    for event, want in zip(built, validated, strict=True):
+        assert event == want
+        assert repr(event) == repr(want)
+        assert event.model_dump_json() == want.model_dump_json()
+        assert event.model_dump() == want.model_dump()
+        assert event.model_copy(update={"seq": 9}).seq == 9
+    assert built[1].model_fields_set >= validated[1].model_fields_set
+    with pytest.raises(ValidationError):
+        built[0].seq = 5  # type: ignore[misc]

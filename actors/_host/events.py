@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from steerable.actors._observe.feed import KINDS, PHASES, Feed
+from steerable.actors._observe.feed import Feed, build_event
 from steerable.protocol import EventKind, Phase, RunEvent
 
 if TYPE_CHECKING:
@@ -276,18 +276,8 @@ class EventLog:
         return EventStream(self, start, timeout, only)
 
     def to_event(self, raw: _Raw) -> RunEvent:
-        """Build the public event of one raw record."""
-        seq, kind, phase, at, data, run_id, parent = raw
-        return RunEvent(
-            run_id=run_id,
-            trace_id=self.trace_id,
-            seq=seq,
-            kind=KINDS[kind],
-            phase=PHASES[phase],
-            at=at,
-            data=data,
-            parent_run_id=parent,
-        )
+        """Build the public event of one raw record (no validation pass: `build_event`)."""
+        return build_event(self.trace_id, raw)
 
 
 class EventStream:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from steerable.actors._engine.aloop import AsyncRunner
 from steerable.actors._engine.clock import Clock, SystemClock
 from steerable.actors._engine.executor import Executor
+from steerable.actors._engine.gcpolicy import tune_gc
 from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import Dispatcher
 from steerable.actors._engine.pool import WorkerPool
@@ -103,6 +104,10 @@ class Runtime(RunLaunching, RunAddressing, RuntimeShutdown, ObservingFace):
         ValueError: A tool names an executor the runtime does not have.
         ImportError: A tool uses `executor="ray"` and Ray (`steerable[ray]`) is not installed.
     """
+
+    tune_gc = staticmethod(tune_gc)
+    """`Runtime.tune_gc()`: an opt-in collector policy for a long-lived host, called by the
+    host once after startup, never by steerable (docs/host.md "Keeping the loop free")."""
 
     def __init__(
         self,

@@ -57,6 +57,7 @@ CASES: list[tuple[str, str, str]] = [
     ("W4pg", "w4_checkpoint", "postgres"),
     ("W12", "w12_loop_lag", "steerable"),
     ("W12", "w12_loop_lag", "frozen"),
+    ("W12", "w12_loop_lag", "tuned"),
     ("W13", "w13_tracing", "overhead"),
 ]
 
@@ -747,6 +748,18 @@ ROWS: list[Row] = [
         "W12",
         "host option gc.freeze(): max over the floor, ms",
         "w12_loop_lag.frozen",
+        "excess_max_ms",
+    ),
+    Row(
+        "W12",
+        "host option Runtime.tune_gc(): p99 over the floor, ms",
+        "w12_loop_lag.tuned",
+        "excess_p99_ms",
+    ),
+    Row(
+        "W12",
+        "host option Runtime.tune_gc(): max over the floor, ms",
+        "w12_loop_lag.tuned",
         "excess_max_ms",
     ),
     Row(
