@@ -13,7 +13,7 @@ import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -142,7 +142,7 @@ def test_a_zombies_events_alone_are_refused_and_reported(tmp_path: Path) -> None
         stored_run(first, "r")
         first.claim("r", a, 0.2)
 
-        def event(seq: int) -> tuple[object, ...]:
+        def event(seq: int) -> tuple[int, str, str | None, float, dict[str, Any], str, None]:
             return (seq, EventKind.MESSAGE_ACCEPTED, None, 1.0, {"seq": seq}, "r", None)
 
         first.append_events("r", "t", [event(0)])
