@@ -12,7 +12,8 @@ Floor: a bare INSERT + COMMIT with NOTIFY in B, received by a LISTEN connection 
 W11pg: K times, a driver process (tests/crash_drivers/owner_driver.py) starts 10 runs held in
 their first call and is SIGKILLed; an adopting process reports each run adopted; the figure is
 kill -> adoption per run, against the lease TTL (1 s here), and every run must be adopted
-exactly once. Not in `just bench` yet (as W10 on SQLite): prints its figures.
+exactly once. In `just bench` as W10pg and W11pg (the cases below); run alone, it prints the
+figures.
 """
 
 from __future__ import annotations
@@ -31,7 +32,16 @@ from typing import Any
 from steerable.actors import PostgresStore, Runtime
 from steerable.protocol import AskUser, Finish, RunConfig, RunView
 
-from ._common import drop_postgres_schema, postgres_dsn, postgres_schema
+from ._common import (
+    NO_POSTGRES,
+    Result,
+    drop_postgres_schema,
+    expect,
+    metric,
+    not_available,
+    postgres_dsn,
+    postgres_schema,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "tests" / "crash_drivers" / "owner_driver.py"
@@ -56,8 +66,14 @@ class Echo:
         return AskUser(question="next?")
 
 
+POLL_INTERVAL = 0.25
+"""The owner's polling fallback (the NOTIFY is only a hint): the bound with its listener killed."""
+
+TTL = 1.0
+
+
 def owner(dsn: str, schema: str, total: int) -> None:
-    with Runtime(store=PostgresStore(dsn, schema=schema, poll_interval=0.25)) as rt:
+    with Runtime(store=PostgresStore(dsn, schema=schema, poll_interval=POLL_INTERVAL)) as rt:
         config = RunConfig(max_model_calls=total + 10, max_steps=total + 10)
         handle = rt.start("w10", agent=Echo(total), config=config)
         handle._cell.stored.wait(30.0)
@@ -199,6 +215,66 @@ def takeover(kills: int, runs: int = 10, ttl: float = 1.0) -> list[float]:
     finally:
         drop_postgres_schema(schema)
     return delays
+
+
+def _ms(values: list[float]) -> dict[str, Any]:
+    return metric([v * 1e3 for v in values], "ms")
+
+
+def case_steerable(quick: bool) -> Result:
+    """W10pg: rt.send in B -> the agent's view in A, NOTIFY listener as it is."""
+    dsn = postgres_dsn()
+    if dsn is None:
+        return not_available(NO_POSTGRES)
+    n = 20 if quick else 200
+    return {
+        "metrics": {"send_to_view_ms": _ms(steering(dsn, n, kill_listener=False))},
+        "config": "PostgresStore (local socket), two processes",
+    }
+
+
+def case_listener_killed(quick: bool) -> Result:
+    """W10pg with A's listener connection terminated before every message (poll fallback)."""
+    dsn = postgres_dsn()
+    if dsn is None:
+        return not_available(NO_POSTGRES)
+    n = 5 if quick else 30
+    return {
+        "metrics": {"send_to_view_ms": _ms(steering(dsn, n, kill_listener=True))},
+        "config": f"PostgresStore, poll_interval={POLL_INTERVAL}",
+    }
+
+
+def case_floor(quick: bool) -> Result:
+    """Floor: INSERT + COMMIT with NOTIFY in B, received by a LISTEN connection in A."""
+    dsn = postgres_dsn()
+    if dsn is None:
+        return not_available(NO_POSTGRES)
+    return {"metrics": {"commit_to_notice_ms": _ms(steering_floor(dsn, 20 if quick else 200))}}
+
+
+def case_takeover(quick: bool) -> Result:
+    """W11pg: the owner of 10 runs SIGKILLed, an adopting process; every run adopted once."""
+    if postgres_dsn() is None:
+        return not_available(NO_POSTGRES)
+    kills, runs = (2, 3) if quick else (50, 10)
+    delays = takeover(kills, runs, TTL)
+    expect(len(delays) == kills * runs, f"W11pg: {len(delays)} of {kills * runs} runs adopted")
+    return {
+        "metrics": {
+            "takeover_ms": _ms(delays),
+            "takeover_per_ttl": metric([d / TTL for d in delays], "x TTL"),
+        },
+        "config": f"PostgresStore, lease_ttl={TTL}, {kills} kills x {runs} runs",
+    }
+
+
+CASES = {
+    "steerable": case_steerable,
+    "listener_killed": case_listener_killed,
+    "floor": case_floor,
+    "takeover": case_takeover,
+}
 
 
 def main() -> None:
