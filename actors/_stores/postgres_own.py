@@ -256,61 +256,80 @@ class PostgresOwnership:
             ).fetchone()
             if row is None:
                 raise not_found(run_id)
-            dup = conn.execute(
-                f"SELECT seq FROM {s}.inbox WHERE run_id=%s AND message_id=%s", (run_id, key)
-            ).fetchone()
-            if dup is not None:
-                return 0, int(dup[0])
-            dup = conn.execute(
-                f"SELECT op_id, seq FROM {s}.remote_ops WHERE run_id=%s AND message_id=%s",
-                (run_id, key),
-            ).fetchone()
-            if dup is not None:
-                return int(dup[0]), dup[1]
-            if RunState(row[0]).is_terminal:
-                raise SteerableError(
-                    AgentError.of(
-                        ErrorCode.RUN_ENDED,
-                        f"run {run_id} is {row[0]}; nothing more can be sent to it",
-                        run_id=run_id,
-                        state=row[0],
-                    )
-                )
-            lease = conn.execute(
-                f"SELECT owner, host, pid, expires_at > {NOW} FROM {s}.leases "
-                "WHERE run_id=%s FOR SHARE",
-                (run_id,),
-            ).fetchone()
-            owned = (
-                lease is not None
-                and bool(lease[3])
-                and not owner_gone(Owner(lease[0], lease[1], int(lease[2])))
-            )
-            op_id: int
-            seq: int | None
-            if owned:
-                got = conn.execute(
-                    f"INSERT INTO {s}.remote_ops (run_id, message_id, message, crc) "
-                    "VALUES (%s,%s,%s,%s) RETURNING op_id",
-                    (run_id, key, blob_in, zlib.crc32(blob_in)),
-                ).fetchone()
-                op_id, seq = int(got[0]), None  # type: ignore[index]
-                conn.execute("SELECT pg_notify(%s, %s)", (self.channel, run_id))
-            else:
-                top = conn.execute(
-                    f"SELECT MAX(seq) FROM {s}.inbox WHERE run_id=%s", (run_id,)
-                ).fetchone()[0]  # type: ignore[index]
-                seq = (-1 if top is None else int(top)) + 1
-                blob = encode(message.model_copy(update={"seq": seq}), kind="host_message")
-                conn.execute(
-                    f"INSERT INTO {s}.inbox (run_id, seq, message, crc, message_id) "
-                    "VALUES (%s,%s,%s,%s,%s)",
-                    (run_id, seq, blob, zlib.crc32(blob), key),
-                )
-                op_id = 0
-            return op_id, seq
+            while True:
+                # Concurrent senders to an unowned run read the same MAX(seq) (or store the
+                # same message_id): the loser's INSERT waits for the winner's commit, then
+                # fails on the unique index. Its savepoint rolls back only that attempt;
+                # the next one reads what the winner committed (READ COMMITTED: each
+                # statement sees the latest commits), so a send never fails for a race.
+                try:
+                    with conn.transaction():
+                        return self._submit(conn, run_id, row[0], key, message, blob_in)
+                except self._conns.psycopg.errors.UniqueViolation:
+                    continue
 
         return self._conns.run(work, what="operation")
+
+    def _submit(
+        self,
+        conn: psycopg.Connection[Any],
+        run_id: str,
+        state: str,
+        key: str,
+        message: HostMessage,
+        blob_in: bytes,
+    ) -> tuple[int, int | None]:
+        """One attempt of `submit_op` inside its transaction (see there)."""
+        s = self._s
+        dup = conn.execute(
+            f"SELECT seq FROM {s}.inbox WHERE run_id=%s AND message_id=%s", (run_id, key)
+        ).fetchone()
+        if dup is not None:
+            return 0, int(dup[0])
+        dup = conn.execute(
+            f"SELECT op_id, seq FROM {s}.remote_ops WHERE run_id=%s AND message_id=%s",
+            (run_id, key),
+        ).fetchone()
+        if dup is not None:
+            return int(dup[0]), dup[1]
+        if RunState(state).is_terminal:
+            raise SteerableError(
+                AgentError.of(
+                    ErrorCode.RUN_ENDED,
+                    f"run {run_id} is {state}; nothing more can be sent to it",
+                    run_id=run_id,
+                    state=state,
+                )
+            )
+        lease = conn.execute(
+            f"SELECT owner, host, pid, expires_at > {NOW} FROM {s}.leases "
+            "WHERE run_id=%s FOR SHARE",
+            (run_id,),
+        ).fetchone()
+        owned = (
+            lease is not None
+            and bool(lease[3])
+            and not owner_gone(Owner(lease[0], lease[1], int(lease[2])))
+        )
+        if owned:
+            got = conn.execute(
+                f"INSERT INTO {s}.remote_ops (run_id, message_id, message, crc) "
+                "VALUES (%s,%s,%s,%s) RETURNING op_id",
+                (run_id, key, blob_in, zlib.crc32(blob_in)),
+            ).fetchone()
+            conn.execute("SELECT pg_notify(%s, %s)", (self.channel, run_id))
+            return int(got[0]), None  # type: ignore[index]
+        top = conn.execute(f"SELECT MAX(seq) FROM {s}.inbox WHERE run_id=%s", (run_id,)).fetchone()[
+            0
+        ]  # type: ignore[index]
+        seq = (-1 if top is None else int(top)) + 1
+        blob = encode(message.model_copy(update={"seq": seq}), kind="host_message")
+        conn.execute(
+            f"INSERT INTO {s}.inbox (run_id, seq, message, crc, message_id) "
+            "VALUES (%s,%s,%s,%s,%s)",
+            (run_id, seq, blob, zlib.crc32(blob), key),
+        )
+        return 0, seq
 
     def op_seq(self, op_id: int) -> int | None:
         """The inbox seq the owner gave an operation (None: not yet; -1: refused)."""
