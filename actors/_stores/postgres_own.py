@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 
 __all__ = ["NOW", "PostgresOwnership"]
 
+
+class _Raced(Exception):
+    """A concurrent `submit_op` took the seq or the message_id first (see there)."""
+
+
 NOW = "extract(epoch FROM clock_timestamp())::float8"
 """The database clock, in seconds since the epoch (leases never use a host's clock)."""
 
@@ -256,19 +261,22 @@ class PostgresOwnership:
             ).fetchone()
             if row is None:
                 raise not_found(run_id)
-            while True:
-                # Concurrent senders to an unowned run read the same MAX(seq) (or store the
-                # same message_id): the loser's INSERT waits for the winner's commit, then
-                # fails on the unique index. Its savepoint rolls back only that attempt;
-                # the next one reads what the winner committed (READ COMMITTED: each
-                # statement sees the latest commits), so a send never fails for a race.
-                try:
-                    with conn.transaction():
-                        return self._submit(conn, run_id, row[0], key, message, blob_in)
-                except self._conns.psycopg.errors.UniqueViolation:
-                    continue
+            try:
+                return self._submit(conn, run_id, row[0], key, message, blob_in)
+            except self._conns.psycopg.errors.UniqueViolation:
+                raise _Raced from None  # not a psycopg.Error: `run` rolls back, retries not
 
-        return self._conns.run(work, what="operation")
+        while True:
+            # Concurrent senders to an unowned run read the same MAX(seq) (or store the same
+            # message_id): the loser's INSERT waits for the winner's commit, then fails on
+            # the unique index. Its transaction is rolled back and run again: it then reads
+            # what the winner committed (its message_id is a duplicate, or MAX(seq) moved), so
+            # a send never fails for a race. Retrying the transaction, not a savepoint around
+            # each attempt, keeps the uncontended send at the round trips it had.
+            try:
+                return self._conns.run(work, what="operation")
+            except _Raced:
+                continue
 
     def _submit(
         self,
