@@ -205,6 +205,53 @@ def test_a_retried_send_with_the_same_message_id_is_one_message(pg_schema: str) 
         store.close()
 
 
+def test_concurrent_sends_to_an_unowned_run_get_distinct_seqs(pg_schema: str) -> None:
+    # Every sender reads the same MAX(seq) at once; the losers of the unique index retry
+    # (postgres_own.submit_op) instead of failing as store_unavailable.
+    store = pg_store(pg_schema)
+    senders, each = 6, 5
+    start = threading.Barrier(senders)
+    got: dict[str, int | None] = {}
+    same: list[int | None] = []
+    failed: list[BaseException] = []
+    lock = threading.Lock()
+
+    def send(n: int) -> None:
+        try:
+            start.wait(WAIT)
+            for i in range(each):
+                _, seq = store.submit_op("r", message(0, f"m{n}-{i}"), f"id-{n}-{i}")
+                with lock:
+                    got[f"m{n}-{i}"] = seq
+            _, seq = store.submit_op("r", message(0, "shared"), "shared-id")
+            with lock:
+                same.append(seq)
+        except BaseException as exc:  # reported by the assertion below
+            with lock:
+                failed.append(exc)
+
+    try:
+        store.write_checkpoint("r", 0, snapshot("r", 0, transcript_len=0), 0, [])
+        threads = [threading.Thread(target=send, args=(n,)) for n in range(senders)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT)
+        assert not failed, failed
+        total = senders * each + 1
+        assert len(got) == senders * each
+        assert len(set(same)) == 1
+        assert len(same) == senders
+        assert sorted([*got.values(), same[0]]) == list(range(total))  # type: ignore[type-var]
+        stored = store.load("r").messages
+        assert len(stored) == total
+        for m in stored:
+            content = getattr(m, "content", None)
+            assert m.seq == (same[0] if content == "shared" else got[str(content)])
+    finally:
+        store.close()
+
+
 # --------------------------------------------------------------------------- the wake thread
 
 

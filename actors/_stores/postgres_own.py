@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 
 __all__ = ["NOW", "PostgresOwnership"]
 
+
+class _Raced(Exception):
+    """A concurrent `submit_op` took the seq or the message_id first (see there)."""
+
+
 NOW = "extract(epoch FROM clock_timestamp())::float8"
 """The database clock, in seconds since the epoch (leases never use a host's clock)."""
 
@@ -251,66 +256,80 @@ class PostgresOwnership:
         blob_in = encode(message, kind="host_message")  # refused before anything is stored
 
         def work(conn: psycopg.Connection[Any]) -> tuple[int, int | None]:
+            # Everything the decision needs in one statement (the run locked against a
+            # concurrent end, its lease against a concurrent claim), then one INSERT: a send
+            # is BEGIN, SELECT, INSERT, COMMIT (it was six statements between them).
             row = conn.execute(
-                f"SELECT state FROM {s}.runs WHERE run_id=%s FOR SHARE", (run_id,)
+                f"SELECT r.state, "
+                f"(SELECT seq FROM {s}.inbox WHERE run_id=r.run_id AND message_id=%s), "
+                f"(SELECT op_id FROM {s}.remote_ops WHERE run_id=r.run_id AND message_id=%s), "
+                f"(SELECT seq FROM {s}.remote_ops WHERE run_id=r.run_id AND message_id=%s), "
+                "l.owner, l.host, l.pid, l.live, "
+                f"(SELECT MAX(seq) FROM {s}.inbox WHERE run_id=r.run_id) "
+                f"FROM {s}.runs r LEFT JOIN LATERAL (SELECT owner, host, pid, "
+                f"expires_at > {NOW} AS live FROM {s}.leases WHERE run_id=r.run_id FOR SHARE) l "
+                "ON true WHERE r.run_id=%s FOR SHARE OF r",
+                (key, key, key, run_id),
             ).fetchone()
             if row is None:
                 raise not_found(run_id)
-            dup = conn.execute(
-                f"SELECT seq FROM {s}.inbox WHERE run_id=%s AND message_id=%s", (run_id, key)
-            ).fetchone()
-            if dup is not None:
-                return 0, int(dup[0])
-            dup = conn.execute(
-                f"SELECT op_id, seq FROM {s}.remote_ops WHERE run_id=%s AND message_id=%s",
-                (run_id, key),
-            ).fetchone()
-            if dup is not None:
-                return int(dup[0]), dup[1]
-            if RunState(row[0]).is_terminal:
-                raise SteerableError(
-                    AgentError.of(
-                        ErrorCode.RUN_ENDED,
-                        f"run {run_id} is {row[0]}; nothing more can be sent to it",
-                        run_id=run_id,
-                        state=row[0],
-                    )
-                )
-            lease = conn.execute(
-                f"SELECT owner, host, pid, expires_at > {NOW} FROM {s}.leases "
-                "WHERE run_id=%s FOR SHARE",
-                (run_id,),
-            ).fetchone()
-            owned = (
-                lease is not None
-                and bool(lease[3])
-                and not owner_gone(Owner(lease[0], lease[1], int(lease[2])))
-            )
-            op_id: int
-            seq: int | None
-            if owned:
-                got = conn.execute(
-                    f"INSERT INTO {s}.remote_ops (run_id, message_id, message, crc) "
-                    "VALUES (%s,%s,%s,%s) RETURNING op_id",
-                    (run_id, key, blob_in, zlib.crc32(blob_in)),
-                ).fetchone()
-                op_id, seq = int(got[0]), None  # type: ignore[index]
-                conn.execute("SELECT pg_notify(%s, %s)", (self.channel, run_id))
-            else:
-                top = conn.execute(
-                    f"SELECT MAX(seq) FROM {s}.inbox WHERE run_id=%s", (run_id,)
-                ).fetchone()[0]  # type: ignore[index]
-                seq = (-1 if top is None else int(top)) + 1
-                blob = encode(message.model_copy(update={"seq": seq}), kind="host_message")
-                conn.execute(
-                    f"INSERT INTO {s}.inbox (run_id, seq, message, crc, message_id) "
-                    "VALUES (%s,%s,%s,%s,%s)",
-                    (run_id, seq, blob, zlib.crc32(blob), key),
-                )
-                op_id = 0
-            return op_id, seq
+            try:
+                return self._submit(conn, run_id, row, key, message, blob_in)
+            except self._conns.psycopg.errors.UniqueViolation:
+                raise _Raced from None  # not a psycopg.Error: `run` rolls back, retries not
 
-        return self._conns.run(work, what="operation")
+        while True:
+            # Concurrent senders to an unowned run read the same MAX(seq) (or store the same
+            # message_id): the loser's INSERT waits for the winner's commit, then fails on
+            # the unique index. Its transaction is rolled back and run again: it then reads
+            # what the winner committed (its message_id is a duplicate, or MAX(seq) moved), so
+            # a send never fails for a race. Retrying the transaction, not a savepoint around
+            # each attempt, keeps the uncontended send at the round trips it had.
+            try:
+                return self._conns.run(work, what="operation")
+            except _Raced:
+                continue
+
+    def _submit(
+        self,
+        conn: psycopg.Connection[Any],
+        run_id: str,
+        row: tuple[Any, ...],
+        key: str,
+        message: HostMessage,
+        blob_in: bytes,
+    ) -> tuple[int, int | None]:
+        """`submit_op` once the run's row is read (see there), inside its transaction."""
+        s = self._s
+        state, in_inbox, op_id, op_seq, owner, host, pid, live, top = row
+        if in_inbox is not None:
+            return 0, int(in_inbox)
+        if op_id is not None:
+            return int(op_id), op_seq
+        if RunState(state).is_terminal:
+            raise SteerableError(
+                AgentError.of(
+                    ErrorCode.RUN_ENDED,
+                    f"run {run_id} is {state}; nothing more can be sent to it",
+                    run_id=run_id,
+                    state=state,
+                )
+            )
+        if owner is not None and bool(live) and not owner_gone(Owner(owner, host, int(pid))):
+            got = conn.execute(
+                f"INSERT INTO {s}.remote_ops (run_id, message_id, message, crc) "
+                "VALUES (%s,%s,%s,%s) RETURNING op_id, pg_notify(%s, %s)",
+                (run_id, key, blob_in, zlib.crc32(blob_in), self.channel, run_id),
+            ).fetchone()
+            return int(got[0]), None  # type: ignore[index]
+        seq = (-1 if top is None else int(top)) + 1
+        blob = encode(message.model_copy(update={"seq": seq}), kind="host_message")
+        conn.execute(
+            f"INSERT INTO {s}.inbox (run_id, seq, message, crc, message_id) "
+            "VALUES (%s,%s,%s,%s,%s)",
+            (run_id, seq, blob, zlib.crc32(blob), key),
+        )
+        return 0, seq
 
     def op_seq(self, op_id: int) -> int | None:
         """The inbox seq the owner gave an operation (None: not yet; -1: refused)."""
