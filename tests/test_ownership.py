@@ -30,6 +30,7 @@ from steerable.protocol import (
     RunState,
     SteerableError,
     ToolResult,
+    UserMessage,
 )
 
 if TYPE_CHECKING:  # mypy resolves the kit as tests.test_stores (explicit package bases)
@@ -155,6 +156,36 @@ def test_a_zombies_events_alone_are_refused_and_reported(tmp_path: Path) -> None
         first.flush()
         assert fenced == ["r"]
         assert [e.seq for e in second.events("r")] == [0]  # nothing of the zombie's
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_zombies_send_is_refused_and_replaces_no_message_of_the_new_owner(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "runs.db"
+    first, second = SqliteStore(path), SqliteStore(path)
+    fenced: list[str] = []
+    first.add_fence_listener(fenced.append)
+    try:
+        a, b = Owner.new(), Owner.new()
+        stored_run(first, "r")
+        first.claim("r", a, 0.2)
+        first.append_message("r", UserMessage(seq=0, content="the owner's", at=0.0))
+        assert fenced == []
+        until_expired(first, "r")
+        second.claim("r", b, 30.0)
+        second.append_message("r", UserMessage(seq=1, content="the new owner's", at=1.0))
+        with pytest.raises(SteerableError) as refused:
+            first.append_message("r", UserMessage(seq=1, content="the zombie's", at=2.0))
+        assert refused.value.error.code is ErrorCode.RUN_OWNED
+        assert refused.value.error.details["epoch"] == 1
+        assert fenced == ["r"]
+        assert [(m.seq, m.content) for m in second.load("r").messages] == [
+            (0, "the owner's"),
+            (1, "the new owner's"),
+        ]
     finally:
         first.close()
         second.close()

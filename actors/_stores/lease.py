@@ -22,7 +22,15 @@ from typing import Any
 
 from steerable.protocol import AgentError, ErrorCode, SteerableError
 
-__all__ = ["FenceListeners", "Lease", "LeaseTable", "Owner", "owner_gone", "run_owned"]
+__all__ = [
+    "FenceListeners",
+    "Lease",
+    "LeaseTable",
+    "Owner",
+    "message_fenced",
+    "owner_gone",
+    "run_owned",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +106,19 @@ def run_owned(run_id: str, owner: Owner, expires_in: float) -> SteerableError:
             run_id=run_id,
             owner=owner.as_details(),
             expires_in=round(max(0.0, expires_in), 3),
+        )
+    )
+
+
+def message_fenced(run_id: str, epoch: int) -> SteerableError:
+    """The error for a host message to a run whose lease this store object no longer holds."""
+    return SteerableError(
+        AgentError.of(
+            ErrorCode.RUN_OWNED,
+            f"run {run_id} lost its lease (epoch {epoch}): another runtime owns it now; the "
+            "message was not stored",
+            run_id=run_id,
+            epoch=epoch,
         )
     )
 

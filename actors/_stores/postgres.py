@@ -32,7 +32,7 @@ from steerable.protocol import (
 )
 from steerable.protocol._codec import encode, encode_body
 
-from .lease import Owner
+from .lease import Owner, message_fenced
 from .postgres_batch import FENCED_OPS, Batch, message_statement
 from .postgres_conn import Connections, _redacted
 from .postgres_events import PostgresEvents, event_rows
@@ -171,14 +171,21 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
             # message waits for its commit anyway, and senders then commit side by side
             # instead of queueing behind the writer's batches (W9pg). Order is kept: a
             # checkpoint that reflects the message is queued only after it is delivered.
-            sql, params = message_statement(self._s, run_id, message.seq, blob, message_id)
+            with self._held_lock:
+                held = self._held.get(run_id)
+            sql, params = message_statement(self._s, run_id, message.seq, blob, message_id, held)
             try:
-                self._conns.run(
-                    lambda conn: conn.execute(sql.encode(), params), what="message", bare=True
+                landed = self._conns.run(
+                    lambda conn: conn.execute(sql.encode(), params).fetchone(),
+                    what="message",
+                    bare=True,
                 )
             except SteerableError:
                 self._check_open()
                 raise
+            if held is not None and landed is not None and not landed[0]:
+                self._fenced([run_id])
+                raise message_fenced(run_id, held[1])
             return
         done: Future[None] = Future()  # a failing store: the writer probes it (_PROBE)
         self._queue.put((("inbox", run_id, message.seq, blob, message_id), done, None))
@@ -320,6 +327,8 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
             self._after_commit(batch, fenced)
         for index, (op, done, failed) in enumerate(batch):
             why = error if error is not None else refused.get(index)
+            if why is None and op[0] == "inbox" and op[1] in fenced:
+                why = message_fenced(op[1], writes.held[op[1]][1])
             if why is None:
                 if op[0] not in FENCED_OPS or op[1] not in fenced:
                     notify_stored(done)  # a refused (fenced) write is never said stored
@@ -359,7 +368,7 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
         agents: dict[str, str] = {}
         locks: set[str] = set()  # runs with a checkpoint or a journal write in the batch
         for op, _, _ in batch:
-            if op[0] in FENCED_OPS:
+            if op[0] in FENCED_OPS or op[0] == "inbox":
                 agent = op[3]["agent"] if op[0] == "checkpoint" else ""
                 agents[op[1]] = agents.get(op[1]) or agent
                 if op[0] != "events":

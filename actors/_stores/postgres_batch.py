@@ -38,17 +38,23 @@ Results = list[tuple[int, list[tuple[Any, ...]] | None]]
 
 
 def inbox_statement(
-    schema: str, rows: list[tuple[str, int, bytes, str | None]]
+    schema: str,
+    rows: list[tuple[str, int, bytes, str | None]],
+    held: dict[str, tuple[Owner, int]] | None = None,
 ) -> tuple[str, tuple[Any, ...]]:
     """One statement that stores host messages `(run_id, seq, blob, message_id)` (a seq
     stored again is replaced). A message id the run's inbox holds already is not stored twice
-    (the first one's seq stands; the partial unique index would refuse it anyway)."""
+    (the first one's seq stands; the partial unique index would refuse it anyway). A message
+    of a run in `held` lands only under that owner's lease at that epoch."""
+    owners = [(held or {}).get(r[0]) for r in rows]
     return (
         f"INSERT INTO {schema}.inbox (run_id, seq, message, crc, message_id) "
         "SELECT t.r, t.q, t.m, t.c, t.i FROM unnest(%s::text[], %s::bigint[], "
-        "%s::bytea[], %s::bigint[], %s::text[]) AS t(r, q, m, c, i) "
-        f"WHERE t.i IS NULL OR NOT EXISTS (SELECT 1 FROM {schema}.inbox x "
-        "WHERE x.run_id = t.r AND x.message_id = t.i) "
+        "%s::bytea[], %s::bigint[], %s::text[], %s::text[], %s::bigint[]) "
+        "AS t(r, q, m, c, i, o, p) "
+        f"WHERE (t.i IS NULL OR NOT EXISTS (SELECT 1 FROM {schema}.inbox x "
+        "WHERE x.run_id = t.r AND x.message_id = t.i)) AND (t.o IS NULL OR EXISTS (SELECT 1 "
+        f"FROM {schema}.leases l WHERE l.run_id = t.r AND l.owner = t.o AND l.epoch = t.p)) "
         "ON CONFLICT (run_id, seq) DO UPDATE SET message=excluded.message, "
         "crc=excluded.crc, message_id=excluded.message_id",
         (
@@ -57,30 +63,50 @@ def inbox_statement(
             [r[2] for r in rows],
             [zlib.crc32(r[2]) for r in rows],
             [r[3] for r in rows],
+            [None if o is None else o[0].instance_id for o in owners],
+            [None if o is None else o[1] for o in owners],
         ),
     )
 
 
 def message_statement(
-    schema: str, run_id: str, seq: int, blob: bytes, message_id: str | None
+    schema: str,
+    run_id: str,
+    seq: int,
+    blob: bytes,
+    message_id: str | None,
+    held: tuple[Owner, int] | None = None,
 ) -> tuple[str, tuple[Any, ...]]:
-    """`inbox_statement` for one message, in the plainest SQL (a durable send's statement)."""
+    """`inbox_statement` for one message, in the plainest SQL (a durable send's statement).
+
+    For a run this store object holds (`held`: owner and epoch), the row lands only while the
+    lease is still that owner's at that epoch (locked FOR SHARE, as the writer's batches
+    lock it), so a zombie that lost the lease never stores or replaces a message at a seq the
+    new owner assigns. The statement returns one row: whether the fence held (True when the
+    run is not held); a message id stored before is no row written and no refusal.
+    """
     upsert = (
         "ON CONFLICT (run_id, seq) DO UPDATE SET message=excluded.message, crc=excluded.crc, "
         "message_id=excluded.message_id"
     )
     columns = f"INSERT INTO {schema}.inbox (run_id, seq, message, crc, message_id)"
-    if message_id is None:
-        return f"{columns} VALUES (%s,%s,%s,%s,NULL) {upsert}", (
-            run_id,
-            seq,
-            blob,
-            zlib.crc32(blob),
+    row = (run_id, seq, blob, zlib.crc32(blob), message_id)
+    if held is None:
+        fence, fence_params = "TRUE", ()
+    else:
+        fence = (
+            f"EXISTS (SELECT 1 FROM {schema}.leases WHERE run_id=%s AND owner=%s AND epoch=%s "
+            "FOR SHARE)"
         )
+        fence_params = (run_id, held[0].instance_id, held[1])
+    dedupe, dedupe_params = "TRUE", ()
+    if message_id is not None:
+        dedupe = f"NOT EXISTS (SELECT 1 FROM {schema}.inbox WHERE run_id=%s AND message_id=%s)"
+        dedupe_params = (run_id, message_id)
     return (
-        f"{columns} SELECT %s,%s,%s,%s,%s WHERE NOT EXISTS (SELECT 1 FROM {schema}.inbox "
-        f"WHERE run_id=%s AND message_id=%s) {upsert}",
-        (run_id, seq, blob, zlib.crc32(blob), message_id, run_id, message_id),
+        f"WITH f AS (SELECT {fence} AS ok), w AS ({columns} SELECT %s,%s,%s,%s,%s FROM f "
+        f"WHERE f.ok AND {dedupe} {upsert} RETURNING 1) SELECT f.ok FROM f",
+        (*fence_params, *row, *dedupe_params),
     )
 
 
@@ -297,7 +323,9 @@ class Batch:
         s = self.s
         if self._inbox:
             self.statements.append(
-                inbox_statement(s, [(r, q, b, i) for (r, q), (b, i) in self._inbox.items()])
+                inbox_statement(
+                    s, [(r, q, b, i) for (r, q), (b, i) in self._inbox.items()], self.held
+                )
             )
         if self._events:
             keys = list(self._events)

@@ -22,7 +22,7 @@ from steerable.actors._engine.log import get_logger
 from steerable.protocol import AgentError, ErrorCode, SteerableError
 from steerable.protocol._codec import encode, encode_body
 
-from .lease import Owner
+from .lease import Owner, message_fenced
 from .sqlite_events import EVENTS_WAKE, apply_events
 from .sqlite_files import notify_failed, notify_stored, transient, unavailable
 from .sqlite_rows import checksum
@@ -34,6 +34,7 @@ __all__ = ["SqliteWriter", "WriteQueue"]
 _log = get_logger("steerable.sqlite")
 
 _FENCED_OPS = frozenset({"checkpoint", "journal", "events"})
+_INBOX_INSERT = "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc, message_id) "
 """Writes checked against the run's lease epoch (a run's own writes; inbox messages come from
 any process)."""
 
@@ -312,6 +313,9 @@ class SqliteWriter:
         Raises:
             SteerableError: `run_ended` if the store is closed.
         """
+        with self._held_lock:
+            held = self._held.get(run_id)
+        row = (run_id, seq, blob, checksum(blob), message_id)
         with self._write_lock:
             if self._conn_closed:
                 raise SteerableError(AgentError.of(ErrorCode.RUN_ENDED, "the store is closed"))
@@ -320,11 +324,22 @@ class SqliteWriter:
                 return False  # a failed transaction is still open: its INSERT would not commit
             try:
                 # One statement in autocommit mode: its own transaction, committed on return.
-                conn.execute(
-                    "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc, message_id) "
-                    "VALUES (?,?,?,?,?)",
-                    (run_id, seq, blob, checksum(blob), message_id),
-                )
+                if held is None:
+                    conn.execute(_INBOX_INSERT + "VALUES (?,?,?,?,?)", row)
+                else:
+                    # Fenced as every write of a run this store object holds: a zombie that
+                    # lost the lease must not store (or replace) a message at a seq the new
+                    # owner assigns.
+                    owner, epoch = held
+                    cur = conn.execute(
+                        _INBOX_INSERT + "SELECT ?,?,?,?,? WHERE EXISTS (SELECT 1 FROM leases "
+                        "WHERE run_id=? AND owner=? AND epoch=?) OR (?=1 AND NOT EXISTS "
+                        "(SELECT 1 FROM leases WHERE run_id=?))",
+                        (*row, run_id, owner.instance_id, epoch, epoch, run_id),
+                    )
+                    if cur.rowcount == 0:
+                        self._fenced([run_id])
+                        raise message_fenced(run_id, epoch)
             except sqlite3.Error:
                 return False  # nothing stored: the statement's transaction is rolled back
             self._wal.committed()
@@ -453,9 +468,12 @@ class SqliteWriter:
                 self._journal_empty.pop(run_id, None)
         elif kind == "inbox":
             _, run_id, seq, blob, message_id = op
+            with self._held_lock:
+                held = self._held.get(run_id)
+            if not self._fence_ok(conn, run_id, "", fence):
+                return message_fenced(run_id, 0 if held is None else held[1])
             conn.execute(
-                "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc, message_id) "
-                "VALUES (?,?,?,?,?)",
+                _INBOX_INSERT + "VALUES (?,?,?,?,?)",
                 (run_id, seq, blob, checksum(blob), message_id),
             )
         elif kind == "events":
