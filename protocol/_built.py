@@ -17,8 +17,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._decisions import Plan, PlanStep, ToolCall, Usage
+from ._errors import AgentError
+from ._frozen import freeze
+from ._messages import ToolResult
 
-__all__ = ["built_plan", "built_tool_call"]
+__all__ = ["built_plan", "built_tool_call", "built_tool_result"]
 
 _new = object.__new__
 _set = object.__setattr__  # the records are frozen: their own __setattr__ refuses
@@ -40,6 +43,62 @@ def built_plan(steps: tuple[PlanStep, ...], usage: Usage, thought: str) -> Plan:
     record = _new(Plan)
     _set(record, "__dict__", {"kind": "plan", "steps": steps, "usage": usage, "thought": thought})
     _set(record, "__pydantic_fields_set__", {"steps", "usage", "thought"})
+    _set(record, "__pydantic_extra__", None)
+    _set(record, "__pydantic_private__", None)
+    return record
+
+
+_RESULT_FIELDS = frozenset(("call_id", "tool", "ok", "value", "error", "attempts", "duration"))
+
+
+def built_tool_result(
+    call_id: str,
+    tool: str,
+    ok: bool,
+    value: Any,
+    error: AgentError | None,
+    attempts: int,
+    duration: float,
+) -> ToolResult:
+    """`ToolResult(...)` with every field given, for a finished call (actors/_machine/execute.py).
+
+    The tool's `value` is the one input from outside: it is frozen here exactly as the field's
+    validator would (`FrozenAny` is `Any` then `freeze`). Anything not of the exact type the
+    record holds goes through the validated constructor, so a wrong value errors as before.
+    """
+    if (
+        type(call_id) is not str
+        or type(tool) is not str
+        or type(ok) is not bool
+        or (error is not None and type(error) is not AgentError)
+        or type(attempts) is not int
+        or type(duration) is not float
+    ):
+        return ToolResult(
+            call_id=call_id,
+            tool=tool,
+            ok=ok,
+            value=value,
+            error=error,
+            attempts=attempts,
+            duration=duration,
+        )
+    record = _new(ToolResult)
+    _set(
+        record,
+        "__dict__",
+        {
+            "kind": "tool_result",
+            "call_id": call_id,
+            "tool": tool,
+            "ok": ok,
+            "value": freeze(value),
+            "error": error,
+            "attempts": attempts,
+            "duration": duration,
+        },
+    )
+    _set(record, "__pydantic_fields_set__", set(_RESULT_FIELDS))
     _set(record, "__pydantic_extra__", None)
     _set(record, "__pydantic_private__", None)
     return record

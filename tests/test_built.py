@@ -7,8 +7,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from steerable.protocol import Plan, SubagentCall, ToolCall, Usage
-from steerable.protocol._built import built_plan, built_tool_call
+from steerable.protocol import (
+    AgentError,
+    ErrorCode,
+    Plan,
+    SubagentCall,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
+from steerable.protocol._built import built_plan, built_tool_call, built_tool_result
 from steerable.protocol._frozen import freeze
 
 names = st.text(min_size=1, max_size=20)
@@ -79,3 +87,60 @@ def test_built_records_have_the_validated_state() -> None:
     copied = built.model_copy(update={"thought": "y"})
     assert copied == validated.model_copy(update={"thought": "y"})
     assert built.model_fields_set == {"steps", "usage", "thought"}  # the copy left it alone
+
+
+tool_values = st.recursive(
+    values | st.floats(allow_nan=False),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@given(
+    ids,
+    names,
+    tool_values,
+    st.none() | st.builds(lambda m: AgentError(code=ErrorCode.HANDLER_ERROR, message=m), st.text()),
+    st.integers(min_value=0, max_value=10),
+    st.floats(min_value=0, max_value=1e6),
+)
+def test_built_tool_result_equals_validated(
+    cid: str, tool: str, value: object, error: AgentError | None, attempts: int, duration: float
+) -> None:
+    ok = error is None
+    validated = ToolResult(
+        call_id=cid,
+        tool=tool,
+        ok=ok,
+        value=value,
+        error=error,
+        attempts=attempts,
+        duration=duration,
+    )
+    built = built_tool_result(cid, tool, ok, value, error, attempts, duration)
+    assert built == validated
+    assert list(built.__dict__) == list(validated.__dict__)
+    assert built.model_fields_set == validated.model_fields_set
+    assert built.model_dump_json() == validated.model_dump_json()
+    assert type(built.value) is type(validated.value)
+
+
+def test_built_tool_result_freezes_the_tool_value() -> None:
+    rows = [1, 2]
+    raw = {"rows": rows, "meta": {"k": "v"}}
+    result = built_tool_result("c1", "t", True, raw, None, 1, 0.5)
+    with pytest.raises(TypeError):
+        result.value["rows"].append(3)
+    rows.append(3)  # the tool's own object stays the tool's
+    assert result.value == {"rows": [1, 2], "meta": {"k": "v"}}
+
+
+def test_built_tool_result_validates_what_is_not_the_machines_own() -> None:
+    # An int duration (a test clock) takes the validated path and is coerced as before.
+    assert built_tool_result("c1", "t", True, 1, None, 1, 2) == ToolResult(
+        call_id="c1", tool="t", ok=True, value=1, attempts=1, duration=2.0
+    )
+    with pytest.raises(ValidationError):
+        built_tool_result("c1", "t", True, 1, {"code": "nope"}, 1, 0.0)  # type: ignore[arg-type]
