@@ -27,6 +27,7 @@ from steerable.protocol import (
     ToolResult,
     WaitingFor,
 )
+from steerable.protocol._built import built_tool_result
 
 from . import events
 from .base import (
@@ -342,14 +343,16 @@ class Execution:
             self._record_child(call, cancelled_child(call, m.run_id, error), now, advance=advance)
             return
         first = call.first_dispatch
-        result = ToolResult(
-            call_id=call.call_id,
-            tool=call.name,
-            ok=error is None,
-            value=value if error is None else None,
-            error=error,
-            attempts=call.attempt,
-            duration=now - first if first else 0.0,
+        # Built without a validation pass (protocol/_built.py): the tool's value is frozen as
+        # the field's validator would; the other fields are the machine's own values.
+        result = built_tool_result(
+            call.call_id,
+            call.name,
+            error is None,
+            value if error is None else None,
+            error,
+            call.attempt,
+            now - first if first else 0.0,
         )
         previous = self._plan.finish(call, result)
         if previous is CallStatus.RUNNING:

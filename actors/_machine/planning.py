@@ -24,6 +24,7 @@ from steerable.protocol import (
     ToolResult,
     ToolSpec,
 )
+from steerable.protocol._built import built_plan, built_tool_call
 from steerable.protocol._frozen import FrozenDict
 from steerable.protocol._ids import call_id as make_call_id
 from steerable.protocol._ids import idempotency_key
@@ -130,21 +131,21 @@ def recorded_plan(plan: Plan, planned: Planned) -> Plan:
     ]
     if all(unchanged):
         return plan
-    # Built anew rather than `model_copy`'d: a validated construction of these small records
-    # costs less than pydantic's copy, and this runs once per decision.
+    # Built without a second validation (protocol/_built.py): every input is a field of the
+    # agent's validated plan, a frozen recorded argument map or a runtime-made call id.
     new_steps = tuple(
         step
         if same
         else step.model_copy(update={"id": call.call_id})
         if not isinstance(step, ToolCall)
-        else ToolCall(
-            name=step.name,
-            arguments=step.arguments if r is None else r,  # r is frozen
-            id=call.call_id,
+        else built_tool_call(
+            step.name,
+            step.arguments if r is None else r,  # r is frozen
+            call.call_id,
         )
         for step, call, r, same in zip(steps, calls, recorded, unchanged, strict=True)
     )
-    return Plan(steps=new_steps, usage=plan.usage, thought=plan.thought)
+    return built_plan(new_steps, plan.usage, plan.thought)
 
 
 def _failed(

@@ -1,0 +1,104 @@
+"""Per-step records built from values that are already validated, without a second pass.
+
+`recorded_plan` (actors/_machine/planning.py) rebuilds the agent's plan with the call ids the
+steps ran under once per decision; every input is a field of a validated `Plan` / `ToolCall`
+or a runtime-made call id, so pydantic's validation would only re-check what was checked where
+the values entered (the agent's decision). `model_construct` is no cheaper than validating
+these small records (it walks the fields in Python), so the instance is filled in directly
+with exactly the state a validated construction leaves (`__dict__` in field order, the fields
+set, no extra or private values); tests/test_built.py proves a built record equals the
+validated one. Bad input is still rejected where it enters: these builders are only for values
+that have already crossed that boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._decisions import Plan, PlanStep, ToolCall, Usage
+from ._errors import AgentError
+from ._frozen import freeze
+from ._messages import ToolResult
+
+__all__ = ["built_plan", "built_tool_call", "built_tool_result"]
+
+_new = object.__new__
+_set = object.__setattr__  # the records are frozen: their own __setattr__ refuses
+
+
+def built_tool_call(name: str, arguments: Mapping[str, Any], call_id: str) -> ToolCall:
+    """`ToolCall(name=..., arguments=..., id=...)` from a validated call's name, frozen arguments
+    and a call id of 1-128 characters (the caller's guarantee)."""
+    record = _new(ToolCall)
+    _set(record, "__dict__", {"kind": "tool", "name": name, "arguments": arguments, "id": call_id})
+    _set(record, "__pydantic_fields_set__", {"name", "arguments", "id"})
+    _set(record, "__pydantic_extra__", None)
+    _set(record, "__pydantic_private__", None)
+    return record
+
+
+def built_plan(steps: tuple[PlanStep, ...], usage: Usage, thought: str) -> Plan:
+    """`Plan(steps=..., usage=..., thought=...)` from validated steps, usage and thought."""
+    record = _new(Plan)
+    _set(record, "__dict__", {"kind": "plan", "steps": steps, "usage": usage, "thought": thought})
+    _set(record, "__pydantic_fields_set__", {"steps", "usage", "thought"})
+    _set(record, "__pydantic_extra__", None)
+    _set(record, "__pydantic_private__", None)
+    return record
+
+
+_RESULT_FIELDS = frozenset(("call_id", "tool", "ok", "value", "error", "attempts", "duration"))
+
+
+def built_tool_result(
+    call_id: str,
+    tool: str,
+    ok: bool,
+    value: Any,
+    error: AgentError | None,
+    attempts: int,
+    duration: float,
+) -> ToolResult:
+    """`ToolResult(...)` with every field given, for a finished call (actors/_machine/execute.py).
+
+    The tool's `value` is the one input from outside: it is frozen here exactly as the field's
+    validator would (`FrozenAny` is `Any` then `freeze`). Anything not of the exact type the
+    record holds goes through the validated constructor, so a wrong value errors as before.
+    """
+    if (
+        type(call_id) is not str
+        or type(tool) is not str
+        or type(ok) is not bool
+        or (error is not None and type(error) is not AgentError)
+        or type(attempts) is not int
+        or type(duration) is not float
+    ):
+        return ToolResult(
+            call_id=call_id,
+            tool=tool,
+            ok=ok,
+            value=value,
+            error=error,
+            attempts=attempts,
+            duration=duration,
+        )
+    record = _new(ToolResult)
+    _set(
+        record,
+        "__dict__",
+        {
+            "kind": "tool_result",
+            "call_id": call_id,
+            "tool": tool,
+            "ok": ok,
+            "value": freeze(value),
+            "error": error,
+            "attempts": attempts,
+            "duration": duration,
+        },
+    )
+    _set(record, "__pydantic_fields_set__", set(_RESULT_FIELDS))
+    _set(record, "__pydantic_extra__", None)
+    _set(record, "__pydantic_private__", None)
+    return record

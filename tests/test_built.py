@@ -1,0 +1,146 @@
+"""The records `protocol/_built.py` builds without validation equal the validated ones."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from steerable.protocol import (
+    AgentError,
+    ErrorCode,
+    Plan,
+    SubagentCall,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
+from steerable.protocol._built import built_plan, built_tool_call, built_tool_result
+from steerable.protocol._frozen import freeze
+
+names = st.text(min_size=1, max_size=20)
+ids = st.text(min_size=1, max_size=128)
+values = st.none() | st.booleans() | st.integers() | st.text(max_size=10)
+argument_maps = st.dictionaries(st.text(max_size=8), values, max_size=4)
+
+
+@given(names, argument_maps, ids)
+def test_built_tool_call_equals_validated(
+    name: str, arguments: dict[str, object], cid: str
+) -> None:
+    validated = ToolCall(name=name, arguments=arguments, id=cid)
+    built = built_tool_call(validated.name, validated.arguments, cid)
+    assert built == validated
+    assert built.model_dump() == validated.model_dump()
+    assert built.model_fields_set == validated.model_fields_set
+
+
+@given(st.lists(st.tuples(names, argument_maps, ids), max_size=3), st.text(max_size=20))
+def test_built_plan_equals_validated(
+    raw: list[tuple[str, dict[str, object], str]], thought: str
+) -> None:
+    steps = tuple(ToolCall(name=n, arguments=a, id=i) for n, a, i in raw)
+    usage = Usage(input_tokens=3, output_tokens=4)
+    validated = Plan(steps=steps, usage=usage, thought=thought)
+    built = built_plan(validated.steps, validated.usage, validated.thought)
+    assert built == validated
+    assert built.model_dump() == validated.model_dump()
+    assert built.model_dump_json() == validated.model_dump_json()
+    assert built.model_fields_set == validated.model_fields_set
+
+
+def test_built_plan_with_subagent_step_round_trips() -> None:
+    sub = SubagentCall(agent="child", task="t", id="c1")
+    validated = Plan(steps=(sub,), thought="x")
+    built = built_plan(validated.steps, validated.usage, validated.thought)
+    assert Plan.model_validate(built.model_dump()) == validated
+
+
+def test_built_records_are_frozen() -> None:
+    call = built_tool_call("t", freeze({"a": 1}), "c1")
+    with pytest.raises(ValidationError):
+        call.name = "other"  # type: ignore[misc]
+
+
+def test_bad_input_still_errors_where_it_enters() -> None:
+    with pytest.raises(ValidationError):
+        ToolCall(name="t", id="")
+    with pytest.raises(ValidationError):
+        ToolCall(name="t", id="x" * 129)
+    with pytest.raises(ValidationError):
+        Plan.model_validate({"steps": [{"kind": "bogus"}]})
+
+
+def test_built_records_have_the_validated_state() -> None:
+    arguments = freeze({"a": 1})
+    validated = Plan(steps=(ToolCall(name="t", arguments=arguments, id="c1"),), thought="x")
+    built = built_plan((built_tool_call("t", arguments, "c1"),), validated.usage, "x")
+    for b, v in ((built, validated), (built.steps[0], validated.steps[0])):
+        assert list(b.__dict__) == list(v.__dict__)
+        assert b.__pydantic_extra__ == v.__pydantic_extra__
+        assert b.__pydantic_private__ == v.__pydantic_private__
+    step, validated_step = built.steps[0], validated.steps[0]
+    assert isinstance(step, ToolCall)
+    assert isinstance(validated_step, ToolCall)
+    assert hash(step.arguments) == hash(validated_step.arguments)
+    copied = built.model_copy(update={"thought": "y"})
+    assert copied == validated.model_copy(update={"thought": "y"})
+    assert built.model_fields_set == {"steps", "usage", "thought"}  # the copy left it alone
+
+
+tool_values = st.recursive(
+    values | st.floats(allow_nan=False),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@given(
+    ids,
+    names,
+    tool_values,
+    st.none() | st.builds(lambda m: AgentError(code=ErrorCode.HANDLER_ERROR, message=m), st.text()),
+    st.integers(min_value=0, max_value=10),
+    st.floats(min_value=0, max_value=1e6),
+)
+def test_built_tool_result_equals_validated(
+    cid: str, tool: str, value: object, error: AgentError | None, attempts: int, duration: float
+) -> None:
+    ok = error is None
+    validated = ToolResult(
+        call_id=cid,
+        tool=tool,
+        ok=ok,
+        value=value,
+        error=error,
+        attempts=attempts,
+        duration=duration,
+    )
+    built = built_tool_result(cid, tool, ok, value, error, attempts, duration)
+    assert built == validated
+    assert list(built.__dict__) == list(validated.__dict__)
+    assert built.model_fields_set == validated.model_fields_set
+    assert built.model_dump_json() == validated.model_dump_json()
+    assert type(built.value) is type(validated.value)
+
+
+def test_built_tool_result_freezes_the_tool_value() -> None:
+    rows = [1, 2]
+    raw = {"rows": rows, "meta": {"k": "v"}}
+    result = built_tool_result("c1", "t", True, raw, None, 1, 0.5)
+    with pytest.raises(TypeError):
+        result.value["rows"].append(3)
+    rows.append(3)  # the tool's own object stays the tool's
+    assert result.value == {"rows": [1, 2], "meta": {"k": "v"}}
+
+
+def test_built_tool_result_validates_what_is_not_the_machines_own() -> None:
+    # An int duration (a test clock) takes the validated path and is coerced as before.
+    assert built_tool_result("c1", "t", True, 1, None, 1, 2) == ToolResult(
+        call_id="c1", tool="t", ok=True, value=1, attempts=1, duration=2.0
+    )
+    with pytest.raises(ValidationError):
+        built_tool_result("c1", "t", True, 1, {"code": "nope"}, 1, 0.0)  # type: ignore[arg-type]
