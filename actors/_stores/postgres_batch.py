@@ -91,15 +91,17 @@ def message_statement(
     )
     columns = f"INSERT INTO {schema}.inbox (run_id, seq, message, crc, message_id)"
     row = (run_id, seq, blob, zlib.crc32(blob), message_id)
+    fence_params: tuple[Any, ...] = ()
+    dedupe_params: tuple[Any, ...] = ()
     if held is None:
-        fence, fence_params = "TRUE", ()
+        fence = "TRUE"
     else:
         fence = (
             f"EXISTS (SELECT 1 FROM {schema}.leases WHERE run_id=%s AND owner=%s AND epoch=%s "
             "FOR SHARE)"
         )
         fence_params = (run_id, held[0].instance_id, held[1])
-    dedupe, dedupe_params = "TRUE", ()
+    dedupe = "TRUE"
     if message_id is not None:
         dedupe = f"NOT EXISTS (SELECT 1 FROM {schema}.inbox WHERE run_id=%s AND message_id=%s)"
         dedupe_params = (run_id, message_id)
