@@ -182,9 +182,9 @@ def test_a_zombies_send_is_refused_and_replaces_no_message_of_the_new_owner(
         assert refused.value.error.code is ErrorCode.RUN_OWNED
         assert refused.value.error.details["epoch"] == 1
         assert fenced == ["r"]
-        assert [(m.seq, m.content) for m in second.load("r").messages] == [
-            (0, "the owner's"),
-            (1, "the new owner's"),
+        assert second.load("r").messages == [
+            UserMessage(seq=0, content="the owner's", at=0.0),
+            UserMessage(seq=1, content="the new owner's", at=1.0),
         ]
     finally:
         first.close()

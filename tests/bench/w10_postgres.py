@@ -34,6 +34,7 @@ from steerable.protocol import AskUser, Finish, RunConfig, RunView
 
 from ._common import (
     NO_POSTGRES,
+    Metric,
     Result,
     drop_postgres_schema,
     expect,
@@ -217,7 +218,7 @@ def takeover(kills: int, runs: int = 10, ttl: float = 1.0) -> list[float]:
     return delays
 
 
-def _ms(values: list[float]) -> dict[str, Any]:
+def _ms(values: list[float]) -> Metric:
     return metric([v * 1e3 for v in values], "ms")
 
 
