@@ -257,7 +257,9 @@ def test_crash_loop_on_postgres(
     monkeypatch.setattr(sys.modules[__name__], "open_store", lambda db: pg_store(schema(db.parent)))
     try:
         crash_loop(tmp_path, max(1, ITERATIONS // 2))  # a server round trip per write: slower
-        assert all(admin(f"SELECT count(*) FROM {name}.runs")[0][0] > 0 for name in schemas)
+        # It ran on PostgreSQL (an iteration whose first process was killed before its first
+        # commit legitimately leaves its schema without runs).
+        assert sum(admin(f"SELECT count(*) FROM {name}.runs")[0][0] for name in schemas) > 0
     finally:
         for name in schemas:
             drop_schema(name)
