@@ -79,11 +79,14 @@ def message_statement(
 ) -> tuple[str, tuple[Any, ...]]:
     """`inbox_statement` for one message, in the plainest SQL (a durable send's statement).
 
-    For a run this store object holds (`held`: owner and epoch), the row lands only while the
-    lease is still that owner's at that epoch (locked FOR SHARE, as the writer's batches
-    lock it), so a zombie that lost the lease never stores or replaces a message at a seq the
-    new owner assigns. The statement returns one row: whether the fence held (True when the
-    run is not held); a message id stored before is no row written and no refusal.
+    For a run this store object holds (`held`: owner and epoch), the row lands only if the
+    lease is still that owner's at that epoch, so a zombie that lost the lease never stores or
+    replaces a message at a seq the new owner assigns. The lease row is read, not locked: row
+    locks from concurrent senders on one lease row cost W9pg a quarter of its throughput, and
+    a claim that commits while this one statement runs leaves the message stored before the
+    new owner restores and assigns seqs (docs/durability.md, "Ownership"). The statement
+    returns one row: whether the fence held (True when the run is not held); a message id
+    stored before is no row written and no refusal.
     """
     upsert = (
         "ON CONFLICT (run_id, seq) DO UPDATE SET message=excluded.message, crc=excluded.crc, "
@@ -96,10 +99,7 @@ def message_statement(
     if held is None:
         fence = "TRUE"
     else:
-        fence = (
-            f"EXISTS (SELECT 1 FROM {schema}.leases WHERE run_id=%s AND owner=%s AND epoch=%s "
-            "FOR SHARE)"
-        )
+        fence = f"EXISTS (SELECT 1 FROM {schema}.leases WHERE run_id=%s AND owner=%s AND epoch=%s)"
         fence_params = (run_id, held[0].instance_id, held[1])
     dedupe = "TRUE"
     if message_id is not None:
