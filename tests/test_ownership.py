@@ -131,64 +131,72 @@ def test_a_write_with_an_old_epoch_is_refused_and_reported(tmp_path: Path) -> No
         second.close()
 
 
-def test_a_zombies_events_alone_are_refused_and_reported(tmp_path: Path) -> None:
+class Zombie:
+    """Two store objects on one file, as two hosts: `first` owns run "r" (a short lease) until
+    `take_over()`, after which `second` owns it and `first` is a zombie. `fenced` is what
+    `first`'s fence listeners were told."""
+
+    def __init__(self, path: Path) -> None:
+        self.first, self.second = SqliteStore(path), SqliteStore(path)
+        self.fenced: list[str] = []
+        self.first.add_fence_listener(self.fenced.append)
+        stored_run(self.first, "r")
+        self.first.claim("r", Owner.new(), 0.2)
+
+    def take_over(self) -> None:
+        until_expired(self.first, "r")
+        self.second.claim("r", Owner.new(), 30.0)
+
+    def close(self) -> None:
+        self.first.close()
+        self.second.close()
+
+
+@pytest.fixture
+def zombie(tmp_path: Path) -> Iterator[Zombie]:
+    pair = Zombie(tmp_path / "runs.db")
+    try:
+        yield pair
+    finally:
+        pair.close()
+
+
+def test_a_zombies_events_alone_are_refused_and_reported(zombie: Zombie) -> None:
     # A batch that holds only events is fenced as a checkpoint is (on PostgreSQL it is one
     # statement that locks and checks the lease row of each event it stores).
-    path = tmp_path / "runs.db"
-    first, second = SqliteStore(path), SqliteStore(path)
-    fenced: list[str] = []
-    first.add_fence_listener(fenced.append)
-    try:
-        a, b = Owner.new(), Owner.new()
-        stored_run(first, "r")
-        first.claim("r", a, 0.2)
+    first, second = zombie.first, zombie.second
 
-        def event(seq: int) -> tuple[int, str, str | None, float, dict[str, Any], str, None]:
-            return (seq, EventKind.MESSAGE_ACCEPTED, None, 1.0, {"seq": seq}, "r", None)
+    def event(seq: int) -> tuple[int, str, str | None, float, dict[str, Any], str, None]:
+        return (seq, EventKind.MESSAGE_ACCEPTED, None, 1.0, {"seq": seq}, "r", None)
 
-        first.append_events("r", "t", [event(0)])
-        first.flush()
-        assert [e.seq for e in second.events("r")] == [0]  # the owner's events land
-        assert fenced == []
-        until_expired(first, "r")
-        second.claim("r", b, 30.0)
-        first.append_events("r", "t", [event(1), event(2)])
-        first.flush()
-        assert fenced == ["r"]
-        assert [e.seq for e in second.events("r")] == [0]  # nothing of the zombie's
-    finally:
-        first.close()
-        second.close()
+    first.append_events("r", "t", [event(0)])
+    first.flush()
+    assert [e.seq for e in second.events("r")] == [0]  # the owner's events land
+    assert zombie.fenced == []
+    zombie.take_over()
+    first.append_events("r", "t", [event(1), event(2)])
+    first.flush()
+    assert zombie.fenced == ["r"]
+    assert [e.seq for e in second.events("r")] == [0]  # nothing of the zombie's
 
 
 def test_a_zombies_send_is_refused_and_replaces_no_message_of_the_new_owner(
-    tmp_path: Path,
+    zombie: Zombie,
 ) -> None:
-    path = tmp_path / "runs.db"
-    first, second = SqliteStore(path), SqliteStore(path)
-    fenced: list[str] = []
-    first.add_fence_listener(fenced.append)
-    try:
-        a, b = Owner.new(), Owner.new()
-        stored_run(first, "r")
-        first.claim("r", a, 0.2)
-        first.append_message("r", UserMessage(seq=0, content="the owner's", at=0.0))
-        assert fenced == []
-        until_expired(first, "r")
-        second.claim("r", b, 30.0)
-        second.append_message("r", UserMessage(seq=1, content="the new owner's", at=1.0))
-        with pytest.raises(SteerableError) as refused:
-            first.append_message("r", UserMessage(seq=1, content="the zombie's", at=2.0))
-        assert refused.value.error.code is ErrorCode.RUN_OWNED
-        assert refused.value.error.details["epoch"] == 1
-        assert fenced == ["r"]
-        assert second.load("r").messages == [
-            UserMessage(seq=0, content="the owner's", at=0.0),
-            UserMessage(seq=1, content="the new owner's", at=1.0),
-        ]
-    finally:
-        first.close()
-        second.close()
+    first, second = zombie.first, zombie.second
+    first.append_message("r", UserMessage(seq=0, content="the owner's", at=0.0))
+    assert zombie.fenced == []
+    zombie.take_over()
+    second.append_message("r", UserMessage(seq=1, content="the new owner's", at=1.0))
+    with pytest.raises(SteerableError) as refused:
+        first.append_message("r", UserMessage(seq=1, content="the zombie's", at=2.0))
+    assert refused.value.error.code is ErrorCode.RUN_OWNED
+    assert refused.value.error.details["epoch"] == 1
+    assert zombie.fenced == ["r"]
+    assert second.load("r").messages == [
+        UserMessage(seq=0, content="the owner's", at=0.0),
+        UserMessage(seq=1, content="the new owner's", at=1.0),
+    ]
 
 
 def test_release_lets_another_owner_claim_at_once(store: CheckpointStore) -> None:

@@ -54,6 +54,13 @@ def test_ownership_on_postgres(
         return opened[-1]
 
     monkeypatch.setattr(own, "SqliteStore", open_store)
-    given = {"tmp_path": tmp_path, "caplog": caplog}
-    case(**{name: given[name] for name in inspect.signature(case).parameters})
+    given: dict[str, Any] = {"tmp_path": tmp_path, "caplog": caplog}
+    params = inspect.signature(case).parameters
+    if "zombie" in params:  # the fixture, on PostgreSQL stores (SqliteStore is patched)
+        given["zombie"] = own.Zombie(tmp_path / "runs.db")
+    try:
+        case(**{name: given[name] for name in params})
+    finally:
+        if "zombie" in given:
+            given["zombie"].close()
     assert len(opened) >= 2  # the case ran on PostgreSQL stores (two hosts at least)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from steerable.actors._machine.effects import TimerKind
-from steerable.protocol import AgentError, ErrorCode, HostMessage, RunOutcome, SteerableError
+from steerable.actors._stores.lease import lease_lost
+from steerable.protocol import AgentError, HostMessage, RunOutcome, SteerableError
 
 __all__ = [
     "ALARM",
@@ -104,12 +105,4 @@ class ChildDone:
 
 def lease_lost_error(run_id: str, epoch: int) -> SteerableError:
     """What `result()` raises in a runtime whose run was taken over by another owner."""
-    return SteerableError(
-        AgentError.of(
-            ErrorCode.RUN_OWNED,
-            f"run {run_id} lost its lease (epoch {epoch}): another runtime owns it now; "
-            "this process stopped it without writing",
-            run_id=run_id,
-            epoch=epoch,
-        )
-    )
+    return lease_lost(run_id, epoch, "this process stopped it without writing")

@@ -27,6 +27,7 @@ __all__ = [
     "Lease",
     "LeaseTable",
     "Owner",
+    "lease_lost",
     "message_fenced",
     "owner_gone",
     "run_owned",
@@ -110,17 +111,22 @@ def run_owned(run_id: str, owner: Owner, expires_in: float) -> SteerableError:
     )
 
 
-def message_fenced(run_id: str, epoch: int) -> SteerableError:
-    """The error for a host message to a run whose lease this store object no longer holds."""
+def lease_lost(run_id: str, epoch: int, consequence: str) -> SteerableError:
+    """`run_owned` for a run this process held at `epoch` and another runtime took over."""
     return SteerableError(
         AgentError.of(
             ErrorCode.RUN_OWNED,
-            f"run {run_id} lost its lease (epoch {epoch}): another runtime owns it now; the "
-            "message was not stored",
+            f"run {run_id} lost its lease (epoch {epoch}): another runtime owns it now; "
+            + consequence,
             run_id=run_id,
             epoch=epoch,
         )
     )
+
+
+def message_fenced(run_id: str, epoch: int) -> SteerableError:
+    """The error for a host message to a run whose lease this store object no longer holds."""
+    return lease_lost(run_id, epoch, "the message was not stored")
 
 
 class FenceListeners:
