@@ -80,6 +80,35 @@ def pg_store(schema: str, **kwargs: Any) -> PostgresStore:
     return PostgresStore(require_dsn(), schema=schema, **kwargs)
 
 
+class IterationSchemas:
+    """A fresh schema per crash-loop iteration folder (`schemas(work)` names it), under `base`.
+
+    `create`: make each schema (with the store's tables) when first named, before processes
+    race to open it. `drop()` drops every one named.
+    """
+
+    def __init__(self, base: str, *, create: bool = False) -> None:
+        self.base = base
+        self.create = create
+        self.names: list[str] = []
+
+    def __call__(self, work: Path) -> str:
+        name = f"{self.base}_{work.name.replace('-', '_')}"
+        if name not in self.names:
+            if self.create:
+                pg_store(name).close()
+            self.names.append(name)
+        return name
+
+    def runs(self) -> int:
+        """Runs stored in all of them (an iteration killed before its first commit has none)."""
+        return sum(admin(f"SELECT count(*) FROM {name}.runs")[0][0] for name in self.names)
+
+    def drop(self) -> None:
+        for name in self.names:
+            drop_schema(name)
+
+
 def terminate_backends(application: str | None = None) -> int:
     """`pg_terminate_backend` every other connection to the test database (or only those of
     `application`); how many were terminated."""

@@ -40,9 +40,9 @@ from steerable.actors import SqliteStore
 from steerable.protocol import RunState, ToolResult, UserMessage
 
 if TYPE_CHECKING:
-    from tests.pg_kit import admin, drop_schema, pg_store
+    from tests.pg_kit import IterationSchemas, pg_store
 else:
-    from pg_kit import admin, drop_schema, pg_store
+    from pg_kit import IterationSchemas, pg_store
 
 DRIVER = Path(__file__).parent / "crash_drivers" / "crash_driver.py"
 ITERATIONS = int(os.environ.get("STEERABLE_CRASH_ITERATIONS", "16"))
@@ -245,24 +245,14 @@ def test_crash_loop_on_postgres(
     tmp_path: Path, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same loop on PostgreSQL: a fresh schema per iteration."""
-    schemas: list[str] = []
-
-    def schema(work: Path) -> str:
-        name = f"{pg_schema}_{work.name.replace('-', '_')}"
-        if name not in schemas:
-            schemas.append(name)
-        return name
-
+    schema = IterationSchemas(pg_schema)
     monkeypatch.setattr(sys.modules[__name__], "store_arg", lambda work: f"pg:{schema(work)}")
     monkeypatch.setattr(sys.modules[__name__], "open_store", lambda db: pg_store(schema(db.parent)))
     try:
         crash_loop(tmp_path, max(1, ITERATIONS // 2))  # a server round trip per write: slower
-        # It ran on PostgreSQL (an iteration whose first process was killed before its first
-        # commit legitimately leaves its schema without runs).
-        assert sum(admin(f"SELECT count(*) FROM {name}.runs")[0][0] for name in schemas) > 0
+        assert schema.runs() > 0  # it ran on PostgreSQL
     finally:
-        for name in schemas:
-            drop_schema(name)
+        schema.drop()
 
 
 def crash_loop(tmp_path: Path, iterations: int = ITERATIONS) -> None:

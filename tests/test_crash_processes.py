@@ -42,11 +42,11 @@ import pytest
 
 if TYPE_CHECKING:
     import tests.test_crash as crash
-    from tests.pg_kit import admin, drop_schema, pg_store
+    from tests.pg_kit import IterationSchemas, admin, pg_store
     from tests.test_crash import Figures, check_final, check_revisions, read_lines
 else:
     import test_crash as crash
-    from pg_kit import admin, drop_schema, pg_store
+    from pg_kit import IterationSchemas, admin, pg_store
     from test_crash import Figures, check_final, check_revisions, read_lines
 
 DRIVER = Path(__file__).parent / "crash_drivers" / "pool_driver.py"
@@ -248,14 +248,7 @@ def test_crash_loop_across_processes_on_postgres(
     tmp_path: Path, pg_schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same loop with the workers on PostgreSQL: a fresh schema per iteration."""
-    schemas: list[str] = []
-
-    def schema(work: Path) -> str:
-        name = f"{pg_schema}_{work.name.replace('-', '_')}"
-        if name not in schemas:  # created before the workers race to open it
-            pg_store(name).close()
-            schemas.append(name)
-        return name
+    schema = IterationSchemas(pg_schema, create=True)  # before the workers race to open it
 
     def epochs(work: Path) -> dict[str, list[tuple[int, int]]]:
         out: dict[str, list[tuple[int, int]]] = {}
@@ -274,11 +267,9 @@ def test_crash_loop_across_processes_on_postgres(
     monkeypatch.setattr(crash, "open_store", store)
     try:
         crash_loop(tmp_path)
-        assert schemas  # it ran on PostgreSQL
-        assert all(admin(f"SELECT count(*) FROM {name}.runs")[0][0] > 0 for name in schemas)
+        assert schema.runs() > 0  # it ran on PostgreSQL
     finally:
-        for name in schemas:
-            drop_schema(name)
+        schema.drop()
 
 
 def crash_loop(tmp_path: Path) -> None:
