@@ -238,6 +238,82 @@ def test_a_wake_announces_nothing_new(store: CheckpointStore) -> None:
     assert kinds.count(EventKind.RUN_ENDED) == 1
 
 
+def _spy_reloads(store: CheckpointStore, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Every `store.reload(run_id, held)` as (run_id, len(held)), passed on to the store."""
+    calls: list[tuple[str, int]] = []
+    reload = store.reload
+
+    def spy(run_id: str, held: Any) -> Any:
+        calls.append((run_id, len(held)))
+        return reload(run_id, held)
+
+    monkeypatch.setattr(store, "reload", spy)
+    return calls
+
+
+def test_a_wake_reloads_with_the_transcript_the_run_held_when_it_parked(
+    store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store need not read the entries the run held (Store.reload); the run sees the same
+    # history as one that never left memory.
+    reloads = _spy_reloads(store, monkeypatch)
+    agent = ScriptedAgent(
+        [AskUser(question="one?"), AskUser(question="two?")], then=Finish(output="ok")
+    )
+    parked = []
+    with Runtime(store=store) as rt:
+        handle = rt.start("t", agent=agent)
+        run_id = handle.run_id
+        wait_state(handle, RunState.WAITING)
+        until(passivated(rt))
+        parked.append(store.load(run_id).snapshot.transcript_len)
+        handle.send("first")
+        until(lambda: agent.calls == 2)
+        until(lambda: handle.state is RunState.WAITING and passivated(rt)())
+        parked.append(store.load(run_id).snapshot.transcript_len)
+        handle.send("second")
+        assert handle.result(timeout=WAIT).state is RunState.FINISHED
+    assert reloads == [(run_id, parked[0]), (run_id, parked[1])]
+    again = ScriptedAgent(
+        [AskUser(question="one?"), AskUser(question="two?")], then=Finish(output="ok")
+    )
+    with Runtime(passivate=False) as rt:
+        handle = rt.start("t", agent=again)
+        wait_state(handle, RunState.WAITING)
+        handle.send("first")
+        until(lambda: again.calls == 2 and handle.state is RunState.WAITING)
+        handle.send("second")
+        handle.result(timeout=WAIT)
+
+    def history(view: RunView) -> list[str]:
+        return [
+            e.content if isinstance(e, UserMessage) else type(e).__name__ for e in view.transcript
+        ]
+
+    assert [history(v) for v in agent.views] == [history(v) for v in again.views]
+    assert history(agent.views[2])[-3:] == ["first", "DecisionEntry", "second"]
+
+
+def test_only_the_most_recently_parked_runs_keep_their_transcript(
+    store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bound on what passivated runs hold: an older one wakes from the store alone.
+    from steerable.actors._host import directory
+
+    monkeypatch.setattr(directory, "WARM_RUNS", 1)
+    reloads = _spy_reloads(store, monkeypatch)
+    with Runtime(store=store) as rt:
+        first = rt.start("a", agent=AskThenEcho())
+        until(passivated(rt))
+        second = rt.start("b", agent=AskThenEcho())
+        until(passivated(rt, 2))
+        first.send("one")
+        second.send("two")
+        assert first.result(timeout=WAIT).output == "one"
+        assert second.result(timeout=WAIT).output == "two"
+    assert [run_id for run_id, _ in reloads] == [second.run_id]
+
+
 class AskThenEcho:
     """Asks once, then finishes with the answer it got (one agent for many runs)."""
 

@@ -92,6 +92,25 @@ def test_a_second_store_object_reads_what_the_first_wrote(pg_schema: str) -> Non
         second.close()
 
 
+def test_reload_reads_only_the_entries_past_the_held_prefix(pg_schema: str) -> None:
+    # Entry 0 damaged in the database: `load` refuses it, `reload` with entry 0 held in memory
+    # never reads it (what makes waking a long run cost its new entries only).
+    store = pg_store(pg_schema)
+    try:
+        write_revisions(store, "r", 2, per=2)
+        held = list(store.load("r").transcript[:3])
+        admin(f"UPDATE {pg_schema}.entries SET crc=crc+1 WHERE run_id='r' AND idx=0")
+        with pytest.raises(SteerableError) as info:
+            store.load("r")
+        assert info.value.code is ErrorCode.CHECKPOINT_CORRUPT
+        assert texts(store.reload("r", held).transcript) == [f"r/{i}" for i in range(4)]
+        with pytest.raises(SteerableError) as info:
+            store.reload("r", [])
+        assert info.value.code is ErrorCode.CHECKPOINT_CORRUPT
+    finally:
+        store.close()
+
+
 def test_a_newer_schema_is_refused_and_the_same_version_opens(pg_schema: str) -> None:
     pg_store(pg_schema).close()
     admin(

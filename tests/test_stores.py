@@ -224,6 +224,29 @@ def test_inbox_messages_after_the_snapshot_last_seq_in_order(store: CheckpointSt
     assert store.load("r", 0).messages == []
 
 
+def test_reload_is_load_for_any_held_prefix_of_the_transcript(store: CheckpointStore) -> None:
+    # A woken run hands back the transcript it held when it parked: the store may skip those
+    # entries, but what it returns is what `load` returns (docs/durability.md, "Passivation").
+    write_revisions(store, "r", 3, per=2)
+    store.journal("r", result("c1.0", "late"))
+    store.append_message("r", message(0))
+    store.flush()
+    full = store.load("r")
+    assert len(full.transcript) == 6
+    for held in (0, 1, 5, 6):
+        got = store.reload("r", list(full.transcript[:held]))
+        assert got.snapshot == full.snapshot
+        assert list(got.transcript) == list(full.transcript)
+        assert got.journal == full.journal == {"c1.0": result("c1.0", "late")}
+        assert got.messages == full.messages == [message(0)]
+    # A held list longer than the stored transcript is not this revision's: it is not trusted.
+    longer = [*full.transcript, SystemNote(text="never stored")]
+    assert texts(store.reload("r", longer).transcript) == texts(full.transcript)
+    with pytest.raises(SteerableError) as info:
+        store.reload("nope", [])
+    assert info.value.code is ErrorCode.NOT_FOUND
+
+
 def test_revisions_lists_every_revision_oldest_first(store: CheckpointStore) -> None:
     write_revisions(store, "r", 3)
     store.write_checkpoint(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 
 import pykka
@@ -24,6 +25,7 @@ from steerable.protocol import (
     HostMessage,
     SteerableError,
     SteeringMode,
+    TranscriptEntry,
 )
 
 from .cell import RunCell
@@ -36,6 +38,10 @@ __all__ = ["RunDirectory", "RunEntry"]
 
 _log = get_logger("steerable.directory")
 _STORED_WAIT = 30.0  # seconds a message waits for its run's first stored revision
+
+WARM_RUNS = 256
+"""Passivated runs whose transcript stays in memory, so that their wake reads only the entries
+written after it (`Store.reload`); the most recently parked ones, a bound on what it holds."""
 
 
 def ended_error(run_id: str, why: str = "ended") -> SteerableError:
@@ -58,6 +64,7 @@ class RunDirectory:
         self.passivate = passivate
         self._lock = threading.Lock()
         self._runs: dict[str, RunEntry] = {}
+        self._warm: OrderedDict[str, list[TranscriptEntry]] = OrderedDict()  # under _lock
         self.started = 0
         self.ended = 0
         self.wakes = 0
@@ -229,6 +236,7 @@ class RunDirectory:
                 return
             entry.ref = None
             entry.deadline, entry.arguments = sup.parked_state()
+        self._keep_warm(cell.run_id, sup.parked_transcript())
         # Its timers are cancelled as it stops; its checkpoint may still be in the store's
         # writer queue, which `load` flushes before reading (the dispatcher never waits on it).
         sup.stop_parked()
@@ -238,9 +246,22 @@ class RunDirectory:
             message = TimerFired(TimerKind.RUN_DEADLINE, "run", 0)
             self.services.timer.schedule_at(entry.deadline, lambda: self.deliver(run_id, message))
 
+    def _keep_warm(self, run_id: str, transcript: list[TranscriptEntry]) -> None:
+        with self._lock:
+            self._warm[run_id] = transcript
+            self._warm.move_to_end(run_id)
+            if len(self._warm) > WARM_RUNS:
+                self._warm.popitem(last=False)
+
+    def _drop_warm(self, run_id: str) -> list[TranscriptEntry] | None:
+        with self._lock:
+            return self._warm.pop(run_id, None)
+
     def _wake(self, entry: RunEntry) -> None:
         """Restart a passivated run's supervisor from its checkpoint (caller holds cell.lock)."""
-        stored = self.store.load(entry.cell.run_id)
+        run_id = entry.cell.run_id
+        held = self._drop_warm(run_id)
+        stored = self.store.load(run_id) if held is None else self.store.reload(run_id, held)
         self.wakes += 1
         self._supervise(entry, self.factory.restoring(entry, stored, wake=True))
 
@@ -257,6 +278,7 @@ class RunDirectory:
             if self._runs.get(cell.run_id) is not entry:
                 return
             del self._runs[cell.run_id]
+            self._warm.pop(cell.run_id, None)
         cell.events.append(
             cell.run_id,
             EventKind.LEASE_LOST,
@@ -274,6 +296,7 @@ class RunDirectory:
     def ended_run(self, run_id: str) -> None:
         """A run reached its terminal state and published its outcome."""
         with self._lock:
+            self._warm.pop(run_id, None)
             if self._runs.pop(run_id, None) is not None:
                 self.ended += 1
 

@@ -22,6 +22,8 @@ from .jobs import HookDrain
 from .offload import HostIO
 
 if TYPE_CHECKING:
+    from steerable.protocol import TranscriptEntry
+
     from .cell import RunCell
     from .executors import Executors
 
@@ -47,6 +49,10 @@ class Parkable(Protocol):
 
     def parked_state(self) -> tuple[float | None, dict[str, dict[str, Any]]]:
         """The run's deadline and the validated arguments of its unfinished calls."""
+        ...
+
+    def parked_transcript(self) -> list[TranscriptEntry]:
+        """The run's transcript as stored at its parked revision."""
         ...
 
     def stop_parked(self) -> None:

@@ -34,6 +34,7 @@ from steerable.protocol import (
     RunOutcome,
     RunState,
     RunView,
+    TranscriptEntry,
 )
 
 from .jobs import Accept, Decided, HookDone, HookJob, ToolDone
@@ -305,6 +306,10 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         """
         machine = self.machine
         return machine.deadline, {c.call_id: c.arguments for c in machine.plan if c.result is None}
+
+    def parked_transcript(self) -> list[TranscriptEntry]:
+        """The run's transcript as stored at its parked revision (its wake may reuse it)."""
+        return self.machine.transcript
 
     def stop_parked(self) -> None:
         """Stop without waiting: the run now lives in the store until its next message."""

@@ -8,6 +8,7 @@ this store object's own writes.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .sqlite_rows import checked, decoded, named, revision_info, summary
@@ -15,6 +16,8 @@ from .store import RevisionInfo, RunSummary, StoredRun, corrupt_row, join_snapsh
 
 if TYPE_CHECKING:
     import psycopg
+
+    from steerable.protocol import TranscriptEntry
 
     from .postgres_conn import Connections
 
@@ -40,36 +43,57 @@ class PostgresReads:
                 for a row whose checksum fails or that does not decode or validate;
                 `checkpoint_incompatible` for a newer format; `store_unavailable`.
         """
+        return self._load(run_id, revision, ())
+
+    def reload(self, run_id: str, held: Sequence[TranscriptEntry]) -> StoredRun:
+        """The latest revision, reading only the transcript entries past `held` (see
+        `Store.reload`): a woken run costs what its new entries cost, not its length."""
+        return self._load(run_id, None, held)
+
+    def _load(
+        self, run_id: str, revision: int | None, held: Sequence[TranscriptEntry]
+    ) -> StoredRun:
         self.flush()
         s = self._s
 
         def read(conn: psycopg.Connection[Any]) -> Any:
-            row = conn.execute(
-                f"SELECT revision, static, crc FROM {s}.runs WHERE run_id=%s", (run_id,)
-            ).fetchone()
+            # The run row and its revision in one statement: a wake is a few round trips.
+            if revision is None:
+                row = conn.execute(
+                    f"SELECT r.revision, r.static, r.crc, v.snapshot, v.crc FROM {s}.runs r "
+                    f"LEFT JOIN {s}.revisions v ON v.run_id=r.run_id AND v.revision=r.revision "
+                    "WHERE r.run_id=%s",
+                    (run_id,),
+                ).fetchone()
+            else:
+                row = conn.execute(
+                    f"SELECT r.revision, r.static, r.crc, v.snapshot, v.crc FROM {s}.runs r "
+                    f"LEFT JOIN {s}.revisions v ON v.run_id=r.run_id AND v.revision=%s "
+                    "WHERE r.run_id=%s",
+                    (revision, run_id),
+                ).fetchone()
             if row is None:
                 raise not_found(run_id)
             latest = int(row[0])
             wanted = latest if revision is None else revision
-            rev = conn.execute(
-                f"SELECT snapshot, crc FROM {s}.revisions WHERE run_id=%s AND revision=%s",
-                (run_id, wanted),
-            ).fetchone()
-            if rev is None:
+            if row[3] is None:
                 raise not_found(run_id, revision)
             snapshot = named(
                 run_id,
                 wanted,
                 lambda: join_snapshot(
                     checked(bytes(row[1]), row[2], run_id, "run"),
-                    checked(bytes(rev[0]), rev[1], run_id, f"revision {wanted}"),
+                    checked(bytes(row[3]), row[4], run_id, f"revision {wanted}"),
                     run_id=run_id,
                     revision=wanted,
                 ),
             )
+            # A held prefix longer than the stored transcript is not this revision's: read all.
+            skip = len(held) if len(held) <= snapshot.transcript_len else 0
             entries = conn.execute(
-                f"SELECT idx, entry, crc FROM {s}.entries WHERE run_id=%s AND idx<%s ORDER BY idx",
-                (run_id, snapshot.transcript_len),
+                f"SELECT idx, entry, crc FROM {s}.entries WHERE run_id=%s AND idx>=%s AND idx<%s "
+                "ORDER BY idx",
+                (run_id, skip, snapshot.transcript_len),
             ).fetchall()
             journal: list[Any] = []
             messages: list[Any] = []
@@ -82,24 +106,27 @@ class PostgresReads:
                     "ORDER BY seq",
                     (run_id, snapshot.last_seq),
                 ).fetchall()
-            return wanted, snapshot, entries, journal, messages
+            return wanted, snapshot, skip, entries, journal, messages
 
-        at, snapshot, entries, journal, messages = self._conns.run(
+        at, snapshot, skip, entries, journal, messages = self._conns.run(
             read, what="read", read_only=True
         )
         if snapshot.revision != at:
             raise corrupt_row(run_id, at, f"the row holds revision {snapshot.revision}")
-        if len(entries) != snapshot.transcript_len or any(
-            idx != i for i, (idx, _, _) in enumerate(entries)
+        if skip + len(entries) != snapshot.transcript_len or any(
+            idx != i for i, (idx, _, _) in enumerate(entries, skip)
         ):
             raise corrupt_row(
-                run_id, at, f"transcript has {len(entries)} of {snapshot.transcript_len} entries"
+                run_id,
+                at,
+                f"transcript has {skip + len(entries)} of {snapshot.transcript_len} entries",
             )
+        read_entries = [
+            decoded(bytes(b), c, run_id, at, f"entry {i}", "entry") for i, b, c in entries
+        ]
         return StoredRun(
             snapshot=snapshot,
-            transcript=[
-                decoded(bytes(b), c, run_id, at, f"entry {i}", "entry") for i, b, c in entries
-            ],
+            transcript=[*held[:skip], *read_entries] if skip else read_entries,
             journal={
                 cid: decoded(bytes(b), c, run_id, at, f"journal {cid}", "entry")
                 for cid, b, c in journal

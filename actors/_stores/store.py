@@ -272,6 +272,20 @@ class CheckpointStore(ABC):
             SteerableError: `not_found`, `checkpoint_corrupt` or `checkpoint_incompatible`.
         """
 
+    def reload(self, run_id: str, held: Sequence[TranscriptEntry]) -> StoredRun:
+        """Load a run's latest revision for a caller that holds its first transcript entries.
+
+        `held` are entries this process wrote and still has in memory (a passivated run's
+        transcript): a store may return them as the transcript's prefix and read only the
+        entries past them, so that waking a long run costs what its new entries cost. Entries
+        are append-only and a run's writes are fenced, so the prefix cannot differ from what
+        the store holds. The default is `load(run_id)`.
+
+        Raises:
+            SteerableError: as `load`.
+        """
+        return self.load(run_id)
+
     @abstractmethod
     def revisions(self, run_id: str) -> list[RevisionInfo]:
         """Every revision of a run, oldest first."""
