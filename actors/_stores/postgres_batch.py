@@ -36,6 +36,9 @@ _ANY: tuple[str, tuple[Any, ...]] = ("TRUE", ())
 Results = list[tuple[int, list[tuple[Any, ...]] | None]]
 """Each statement's row count and rows, in the order they were added."""
 
+# Array parameters are sent in binary (`%b`): psycopg quotes each element of a text-format
+# array with a regex, about 40% of a 4-row batch's client CPU (docs/performance.md).
+
 
 def inbox_statement(
     schema: str,
@@ -49,8 +52,8 @@ def inbox_statement(
     owners = [(held or {}).get(r[0]) for r in rows]
     return (
         f"INSERT INTO {schema}.inbox (run_id, seq, message, crc, message_id) "
-        "SELECT t.r, t.q, t.m, t.c, t.i FROM unnest(%s::text[], %s::bigint[], "
-        "%s::bytea[], %s::bigint[], %s::text[], %s::text[], %s::bigint[]) "
+        "SELECT t.r, t.q, t.m, t.c, t.i FROM unnest(%b::text[], %b::bigint[], "
+        "%b::bytea[], %b::bigint[], %b::text[], %b::text[], %b::bigint[]) "
         "AS t(r, q, m, c, i, o, p) "
         f"WHERE (t.i IS NULL OR NOT EXISTS (SELECT 1 FROM {schema}.inbox x "
         "WHERE x.run_id = t.r AND x.message_id = t.i)) AND (t.o IS NULL OR EXISTS (SELECT 1 "
@@ -301,7 +304,7 @@ class Batch:
             )
             self._add(
                 f"INSERT INTO {s}.entries SELECT %s, %s::bigint + t.i - 1, t.e, t.c "
-                "FROM unnest(%s::bytea[], %s::bigint[]) WITH ORDINALITY AS t(e, c, i) "
+                "FROM unnest(%b::bytea[], %b::bigint[]) WITH ORDINALITY AS t(e, c, i) "
                 f"WHERE {took}",
                 (
                     run_id,
@@ -336,8 +339,8 @@ class Batch:
             # FOR SHARE: a claim of the run waits for this statement's transaction, and one
             # that committed first fails the check (the row is checked again once locked).
             self._events_at = self._add(
-                f"INSERT INTO {s}.events SELECT t.r, t.q, t.e, t.c FROM unnest(%s::text[], "
-                "%s::bigint[], %s::bytea[], %s::bigint[], %s::text[], %s::bigint[]) "
+                f"INSERT INTO {s}.events SELECT t.r, t.q, t.e, t.c FROM unnest(%b::text[], "
+                "%b::bigint[], %b::bytea[], %b::bigint[], %b::text[], %b::bigint[]) "
                 "AS t(r, q, e, c, o, p) WHERE t.o IS NULL OR EXISTS (SELECT 1 FROM "
                 f"{s}.leases l WHERE l.run_id = t.r AND l.owner = t.o AND l.epoch = t.p "
                 "FOR SHARE) ON CONFLICT (run_id, seq) DO UPDATE SET event=excluded.event, "
