@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ from .postgres_listen import PgWatcher
 from .postgres_own import PostgresOwnership
 from .postgres_reads import PostgresReads
 from .postgres_schema import SCHEMA_VERSION, check_schema_name, migrate
+from .sqlite_events import EVENTS_WAKE
 from .sqlite_files import notify_failed, notify_stored
 from .store import (
     CheckpointStore,
@@ -67,7 +69,8 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
             not closed by `close()`). LISTEN needs a direct connection: behind a transaction
             pooler, give the store the server's address (docs/deployment.md).
         schema: The PostgreSQL schema that holds the tables (created if missing).
-        min_size, max_size: The pool's size, when the store makes it.
+        min_size, max_size: The pool's size, when the store makes it (4 to 8: the writer,
+            the lease thread and a few concurrent senders each hold one at a time).
         max_batch: Most writes committed in one transaction.
         write_timeout: Seconds a write (or any store operation) keeps being retried while it
             fails for a transient reason (connection lost, server restarting, deadlock); then
@@ -92,7 +95,7 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
         dsn_or_pool: str | psycopg_pool.ConnectionPool[Any],
         *,
         schema: str = "steerable",
-        min_size: int = 1,
+        min_size: int = 4,
         max_size: int = 8,
         max_batch: int = 512,
         write_timeout: float = 5.0,
@@ -134,6 +137,9 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
         self._held_lock = threading.Lock()
         self._ttl = 5.0
         self._watchers: list[PgWatcher] = []
+        self._events_lock = threading.Lock()
+        self._pending_events: list[tuple[Any, Any, Any]] = []
+        self._events_since = 0.0
         self._thread = threading.Thread(
             target=self._write_loop, name="steerable-postgres", daemon=True
         )
@@ -263,21 +269,31 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
 
     def _write_loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            batch = [item]
-            stop = False
-            while len(batch) < self._max_batch:
+            # Stored events wait EVENT_DELAY at most, then go in one statement: a statement
+            # and a commit per step would cost more than the step (docs/performance.md, W9pg).
+            due = self._events_due()
+            try:
+                item = self._queue.get(
+                    timeout=None if due is None else max(0.0, due - time.monotonic())
+                )
+            except queue.Empty:
+                item = EVENTS_WAKE  # the waiting events are due
+            stop = item is _STOP
+            batch = [] if stop or item is EVENTS_WAKE else [item]
+            while not stop and len(batch) < self._max_batch:
                 try:
                     more = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if more is _STOP:
                     stop = True
-                    break
-                batch.append(more)
-            self._commit(batch)
+                elif more is not EVENTS_WAKE:
+                    batch.append(more)
+            # A flush (every read, close) wants every waiting event written before it returns.
+            force = stop or any(op[0] == "flush" for op, _, _ in batch)
+            batch.extend(self._take_events(force))
+            if batch:
+                self._commit(batch)
             if stop:
                 return
 
