@@ -199,6 +199,32 @@ def test_a_zombies_send_is_refused_and_replaces_no_message_of_the_new_owner(
     ]
 
 
+def test_a_zombie_takes_no_operation_and_refuses_none(zombie: Zombie) -> None:
+    # An operation stored by a third process for the run waits for its owner. The zombie
+    # (its lease taken over) must neither take it into the inbox at a seq of its own, nor
+    # refuse it: either would settle it, and the new owner would never see it.
+    first, second = zombie.first, zombie.second
+    zombie.take_over()
+    op_id, seq = second.submit_op("r", UserMessage(seq=0, content="to the owner", at=0.0))
+    assert seq is None  # held by `second`: the operation waits for it
+    with pytest.raises(SteerableError) as refused:
+        first.settle_op(op_id, "r", UserMessage(seq=0, content="to the owner", at=0.0), None)
+    assert refused.value.error.code is ErrorCode.RUN_OWNED
+    assert refused.value.error.details["epoch"] == 1
+    assert zombie.fenced == ["r"]
+    first.settle_op(op_id, "r", None, None)  # a refusal that is not the zombie's to make
+    assert second.op_seq(op_id) is None
+    assert second.load("r").messages == []
+    assert [op for op, *_ in second.open_ops(["r"])] == [op_id]
+    second.settle_op(op_id, "r", UserMessage(seq=0, content="to the owner", at=0.0), None)
+    assert second.op_seq(op_id) == 0
+    assert second.load("r").messages == [UserMessage(seq=0, content="to the owner", at=0.0)]
+    # Taken once: settling it again (a second owner's retry, a zombie) is refused.
+    with pytest.raises(SteerableError):
+        second.settle_op(op_id, "r", UserMessage(seq=1, content="again", at=1.0), None)
+    assert second.op_seq(op_id) == 0
+
+
 def test_release_lets_another_owner_claim_at_once(store: CheckpointStore) -> None:
     a, b = Owner.new(), Owner.new()
     stored_run(store, "r")

@@ -27,6 +27,7 @@ CASES: list[Callable[..., None]] = [
     own.test_a_write_with_an_old_epoch_is_refused_and_reported,
     own.test_a_zombies_events_alone_are_refused_and_reported,
     own.test_a_zombies_send_is_refused_and_replaces_no_message_of_the_new_owner,
+    own.test_a_zombie_takes_no_operation_and_refuses_none,
     own.test_adopting_stores_never_claim_the_same_run_twice,
     own.test_resume_of_a_run_a_live_runtime_holds_is_refused_with_run_owned,
     own.test_a_fenced_out_run_stops_at_once_and_the_new_owner_finishes_it,

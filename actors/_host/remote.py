@@ -11,6 +11,7 @@ for SQLite) every `WAKE_INTERVAL` seconds (docs/durability.md, "Steering from an
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -147,7 +148,8 @@ class RemoteOps:
             self.store.settle_op(op_id, run_id, None, None)
             return
         if not settled:  # its message_id was accepted here before: the first one's seq
-            self.store.settle_op(op_id, run_id, message, message_id, stored=True)
+            with contextlib.suppress(SteerableError):  # fenced: the run's owner settles it
+                self.store.settle_op(op_id, run_id, message, message_id, stored=True)
 
     # ------------------------------------------------------------------ sender side
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from steerable.protocol import AgentError, ErrorCode, HostMessage, RunState, SteerableError
 from steerable.protocol._codec import decode, encode
 
-from .lease import Lease, Owner, owner_gone, run_owned
+from .lease import Lease, Owner, message_fenced, owner_gone, run_owned
 from .postgres_schema import OPEN_RUNS
 from .store import not_found
 
@@ -54,6 +54,10 @@ class PostgresOwnership:
 
     def _check_open(self) -> None:
         raise NotImplementedError
+
+    if TYPE_CHECKING:  # provided by CheckpointStore (a stub here would shadow it)
+
+        def _fenced(self, run_ids: Collection[str]) -> None: ...
 
     def flush(self, timeout: float | None = None) -> bool:
         raise NotImplementedError
@@ -372,27 +376,52 @@ class PostgresOwnership:
         stored: bool = False,
     ) -> None:
         """The owner takes an operation into the inbox at `message.seq` (None: refuses it),
-        in one transaction; returns once committed. `stored`: the inbox holds it already at
-        that seq (its `message_id` was accepted before): only the operation is settled."""
+        in one statement; returns once committed. `stored`: the inbox holds it already at
+        that seq (its `message_id` was accepted before): only the operation is settled.
+
+        Fenced as a send is: an operation is taken once, and only under this store object's
+        lease of the run, so a zombie that lost the lease neither stores a message at a seq
+        the new owner assigns nor settles (or refuses) an operation the new owner must take.
+
+        Raises:
+            SteerableError: `run_owned` (details `run_id`, `epoch`) if this store object no
+                longer holds the run or another owner took the operation; nothing is stored.
+                A refusal that is not this store object's to make is dropped silently.
+        """
         self._check_open()
         s = self._s
-        blob = None if message is None or stored else encode(message, kind="host_message")
-
-        def work(conn: psycopg.Connection[Any]) -> None:
-            if message is None:
-                conn.execute(f"UPDATE {s}.remote_ops SET seq=-1 WHERE op_id=%s", (op_id,))
-                return
-            if blob is not None:
-                conn.execute(
-                    f"INSERT INTO {s}.inbox (run_id, seq, message, crc, message_id) "
-                    "VALUES (%s,%s,%s,%s,%s) ON CONFLICT (run_id, seq) DO UPDATE "
-                    "SET message=excluded.message, crc=excluded.crc, "
-                    "message_id=excluded.message_id",
-                    (run_id, message.seq, blob, zlib.crc32(blob), message_id),
-                )
-            conn.execute(f"UPDATE {s}.remote_ops SET seq=%s WHERE op_id=%s", (message.seq, op_id))
-
-        self._conns.run(work, what="operation")
+        with self._held_lock:
+            held = self._held.get(run_id)
+        fence = "TRUE"
+        fence_params: tuple[Any, ...] = ()
+        if held is not None:
+            fence = f"EXISTS (SELECT 1 FROM {s}.leases WHERE run_id=%s AND owner=%s AND epoch=%s)"
+            fence_params = (run_id, held[0].instance_id, held[1])
+        seq = -1 if message is None else message.seq
+        take = (
+            f"WITH f AS (SELECT {fence} AS ok), o AS (UPDATE {s}.remote_ops SET seq=%s "
+            "WHERE op_id=%s AND seq IS NULL AND (SELECT ok FROM f) RETURNING 1)"
+        )
+        params: tuple[Any, ...] = (*fence_params, seq, op_id)
+        if message is not None and not stored:
+            blob = encode(message, kind="host_message")
+            take += (
+                f", w AS (INSERT INTO {s}.inbox (run_id, seq, message, crc, message_id) "
+                "SELECT %s,%s,%s,%s,%s WHERE EXISTS (SELECT 1 FROM o) ON CONFLICT (run_id, seq) "
+                "DO UPDATE SET message=excluded.message, crc=excluded.crc, "
+                "message_id=excluded.message_id RETURNING 1)"
+            )
+            params += (run_id, message.seq, blob, zlib.crc32(blob), message_id)
+        sql = take + " SELECT f.ok, EXISTS (SELECT 1 FROM o) FROM f"
+        row = self._conns.run(
+            lambda c: c.execute(sql.encode(), params).fetchone(), what="operation"
+        )
+        fenced, taken = row is not None and not row[0], row is not None and bool(row[1])
+        if message is None or taken:
+            return
+        if fenced and held is not None:
+            self._fenced([run_id])
+        raise message_fenced(run_id, 0 if held is None else held[1])
 
     def message_seq(self, run_id: str, message_id: str) -> int | None:
         """The inbox seq of the run's message stored with `message_id` (None: none is)."""

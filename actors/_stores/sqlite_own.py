@@ -14,11 +14,12 @@ import threading
 import time
 import zlib
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 from steerable.protocol import AgentError, ErrorCode, HostMessage, RunState, SteerableError
 from steerable.protocol._codec import decode, encode
 
-from .lease import Lease, Owner, owner_gone, run_owned
+from .lease import Lease, Owner, message_fenced, owner_gone, run_owned
 from .sqlite_writer import WriteQueue
 from .store import not_found
 
@@ -36,6 +37,10 @@ class SqliteOwnership:
 
     def _reader(self) -> sqlite3.Connection:
         raise NotImplementedError
+
+    if TYPE_CHECKING:  # provided by CheckpointStore (a stub here would shadow it)
+
+        def _fenced(self, run_ids: Collection[str]) -> None: ...
 
     def _check_open(self) -> None:
         raise NotImplementedError
@@ -337,27 +342,53 @@ class SqliteOwnership:
     ) -> None:
         """The owner takes an operation into the inbox at `message.seq` (None: refuses it),
         in one transaction; returns once committed. `stored`: the inbox holds it already at
-        that seq (its `message_id` was accepted before): only the operation is settled."""
+        that seq (its `message_id` was accepted before): only the operation is settled.
+
+        Fenced as a send is: an operation is taken once, and only under this store object's
+        lease of the run, so a zombie that lost the lease neither stores a message at a seq
+        the new owner assigns nor settles (or refuses) an operation the new owner must take.
+
+        Raises:
+            SteerableError: `run_owned` (details `run_id`, `epoch`) if this store object no
+                longer holds the run or another owner took the operation; nothing is stored.
+                A refusal that is not this store object's to make is dropped silently.
+        """
         self._check_open()
+        with self._held_lock:
+            held = self._held.get(run_id)
         conn = self._transaction()
         try:
-            if message is None:
-                conn.execute("UPDATE remote_ops SET seq=-1 WHERE op_id=?", (op_id,))
-            elif stored:
-                conn.execute("UPDATE remote_ops SET seq=? WHERE op_id=?", (message.seq, op_id))
-            else:
+            fenced = held is not None and (
+                conn.execute(
+                    "SELECT 1 FROM leases WHERE run_id=? AND owner=? AND epoch=?",
+                    (run_id, held[0].instance_id, held[1]),
+                ).fetchone()
+                is None
+            )
+            taken = not fenced and (
+                conn.execute(
+                    "UPDATE remote_ops SET seq=? WHERE op_id=? AND seq IS NULL",
+                    (-1 if message is None else message.seq, op_id),
+                ).rowcount
+                == 1
+            )
+            if taken and message is not None and not stored:
                 blob = encode(message, kind="host_message")
                 conn.execute(
                     "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc, message_id) "
                     "VALUES (?,?,?,?,?)",
                     (run_id, message.seq, blob, zlib.crc32(blob), message_id),
                 )
-                conn.execute("UPDATE remote_ops SET seq=? WHERE op_id=?", (message.seq, op_id))
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        if message is None or taken:
+            return
+        if fenced:
+            self._fenced([run_id])
+        raise message_fenced(run_id, 0 if held is None else held[1])
 
     def absorb_ops(self, run_id: str) -> None:
         """A new owner takes every waiting operation of a run into its inbox, in order."""
