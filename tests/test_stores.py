@@ -403,6 +403,23 @@ def test_sqlite_survives_reopening(tmp_path: Path) -> None:
         second.close()
 
 
+def test_sqlite_reload_reads_only_the_entries_past_the_held_prefix(tmp_path: Path) -> None:
+    # Entry 0 damaged on disk: `load` refuses it, `reload` with entry 0 held never reads it.
+    store = SqliteStore(tmp_path / "runs.db")
+    try:
+        write_revisions(store, "r", 2, per=2)
+        held = list(store.load("r").transcript[:3])
+        store.flush()
+        with sqlite3.connect(tmp_path / "runs.db") as conn:
+            conn.execute("UPDATE entries SET crc=crc+1 WHERE run_id='r' AND idx=0")
+        with pytest.raises(SteerableError) as info:
+            store.load("r")
+        assert info.value.code is ErrorCode.CHECKPOINT_CORRUPT
+        assert texts(store.reload("r", held).transcript) == [f"r/{i}" for i in range(4)]
+    finally:
+        store.close()
+
+
 def test_sqlite_refuses_a_newer_schema_version(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     SqliteStore(path).close()

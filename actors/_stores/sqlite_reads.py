@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import functools
 import sqlite3
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .sqlite_rows import checked, decoded, lazy_entries, named, revision_info, summary
 from .store import RevisionInfo, RunSummary, StoredRun, corrupt_row, join_snapshot, not_found
+
+if TYPE_CHECKING:
+    from steerable.protocol import TranscriptEntry
 
 __all__ = ["SqliteReads"]
 
@@ -35,6 +39,16 @@ class SqliteReads:
                 entry or a record that does not decode or validate; `checkpoint_incompatible`
                 for a newer format.
         """
+        return self._load(run_id, revision, ())
+
+    def reload(self, run_id: str, held: Sequence[TranscriptEntry]) -> StoredRun:
+        """The latest revision, reading only the transcript entries past `held` (see
+        `Store.reload`): a woken run costs what its new entries cost, not its length."""
+        return self._load(run_id, None, held)
+
+    def _load(
+        self, run_id: str, revision: int | None, held: Sequence[TranscriptEntry]
+    ) -> StoredRun:
         self.flush()
         conn = self._reader()
         conn.execute("BEGIN")
@@ -63,9 +77,12 @@ class SqliteReads:
                     revision=at,
                 ),
             )
+            # A held prefix longer than the stored transcript is not this revision's: read all.
+            skip = len(held) if len(held) <= snapshot.transcript_len else 0
             entries = conn.execute(
-                "SELECT idx, entry, crc FROM entries WHERE run_id=? AND idx<? ORDER BY idx",
-                (run_id, snapshot.transcript_len),
+                "SELECT idx, entry, crc FROM entries WHERE run_id=? AND idx>=? AND idx<? "
+                "ORDER BY idx",
+                (run_id, skip, snapshot.transcript_len),
             ).fetchall()
             journal: list[tuple[str, bytes, int]] = []
             messages: list[tuple[int, bytes, int]] = []
@@ -83,7 +100,12 @@ class SqliteReads:
             raise corrupt_row(run_id, at, f"the row holds revision {snapshot.revision}")
         return StoredRun(
             snapshot=snapshot,
-            transcript=lazy_entries(entries, snapshot.transcript_len, run_id, at),
+            transcript=lazy_entries(entries, snapshot.transcript_len, run_id, at)
+            if not skip
+            else [
+                *held[:skip],
+                *lazy_entries(entries, snapshot.transcript_len - skip, run_id, at, skip),
+            ],
             journal={
                 cid: decoded(b, c, run_id, at, f"journal {cid}", "entry") for cid, b, c in journal
             },

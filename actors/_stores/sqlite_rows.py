@@ -63,9 +63,14 @@ def decoded(blob: bytes, crc: int, run_id: str, revision: int | None, what: str,
 
 
 def lazy_entries(
-    rows: Sequence[tuple[Any, Any, Any]], length: int, run_id: str, revision: int | None
+    rows: Sequence[tuple[Any, Any, Any]],
+    length: int,
+    run_id: str,
+    revision: int | None,
+    start: int = 0,
 ) -> LazyEntries:
-    """Transcript rows `(idx, blob, crc)` (ordered by idx) as a `LazyEntries` of `length`.
+    """Transcript rows `(idx, blob, crc)` (ordered by idx, from `start`) as a `LazyEntries` of
+    `length` entries (those from `start` on).
 
     Every row's index and checksum are checked now; each record is decoded and validated when
     first read (`checkpoint_corrupt` naming the run, revision and entry if it does not).
@@ -75,20 +80,24 @@ def lazy_entries(
     """
     raw: list[bytes] = []
     crc32 = zlib.crc32
-    for i, (idx, blob, crc) in enumerate(rows):
+    for i, (idx, blob, crc) in enumerate(rows, start):
         if idx != i or type(idx) is not int:
             break
         if type(blob) is not bytes or crc32(blob) != crc:
             checked(blob, crc, run_id, f"entry {idx}")  # raises
         raw.append(blob)
     if len(raw) != length or len(rows) != length:
-        raise corrupt_row(run_id, revision, f"transcript has {len(rows)} of {length} entries")
+        raise corrupt_row(
+            run_id, revision, f"transcript has {start + len(rows)} of {start + length} entries"
+        )
 
     def entry(index: int, blob: bytes) -> TranscriptEntry:
         try:
             record: TranscriptEntry = decode(blob, kind="entry")
         except SteerableError as exc:
-            raise corrupt_row(run_id, revision, f"entry {index}: {exc.error.message}") from None
+            raise corrupt_row(
+                run_id, revision, f"entry {start + index}: {exc.error.message}"
+            ) from None
         return record
 
     return LazyEntries(raw, entry)
