@@ -232,12 +232,13 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
         and `writes_given_up` (batches given up)."""
         return {"write_retries": self._conns.retries, "writes_given_up": self._gave_up}
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued write is committed (or given up)."""
+    def flush(self, timeout: float | None = None, *, events: bool = True) -> bool:
+        """Wait until every queued write is committed (or given up); `events=False` leaves
+        the stored events that wait for their window (a read that does not read them)."""
         if self._closed or not self._thread.is_alive():
             return True
         done: Future[None] = Future()
-        self._queue.put((("flush",), done, None))
+        self._queue.put((("flush", events), done, None))
         try:
             done.result(timeout)
         except TimeoutError:
@@ -290,7 +291,7 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
                 elif more is not EVENTS_WAKE:
                     batch.append(more)
             # A flush (every read, close) wants every waiting event written before it returns.
-            force = stop or any(op[0] == "flush" for op, _, _ in batch)
+            force = stop or any(op[0] == "flush" and op[1] for op, _, _ in batch)
             batch.extend(self._take_events(force))
             if batch:
                 self._commit(batch)

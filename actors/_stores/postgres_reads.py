@@ -32,7 +32,7 @@ class PostgresReads:
 
     if TYPE_CHECKING:
 
-        def flush(self, timeout: float | None = None) -> bool: ...
+        def flush(self, timeout: float | None = None, *, events: bool = True) -> bool: ...
 
     def load(self, run_id: str, revision: int | None = None) -> StoredRun:
         """Load a run at `revision` (None: the latest), from one consistent snapshot of the
@@ -47,13 +47,24 @@ class PostgresReads:
 
     def reload(self, run_id: str, held: Sequence[TranscriptEntry]) -> StoredRun:
         """The latest revision, reading only the transcript entries past `held` (see
-        `Store.reload`): a woken run costs what its new entries cost, not its length."""
-        return self._load(run_id, None, held)
+        `Store.reload`): a woken run costs what its new entries cost, not its length.
+
+        It does not wait for this store object's queued writes (a load does): its caller's
+        writes of the run are stored (a run passivates only once its checkpoint is), and
+        its host messages are committed before their send returns."""
+        return self._load(run_id, None, held, flush=False)
 
     def _load(
-        self, run_id: str, revision: int | None, held: Sequence[TranscriptEntry]
+        self,
+        run_id: str,
+        revision: int | None,
+        held: Sequence[TranscriptEntry],
+        *,
+        flush: bool = True,
     ) -> StoredRun:
-        self.flush()
+        if flush:
+            # A load reads no event: the events waiting for their window stay there.
+            self.flush(events=False)
         s = self._s
 
         def read(conn: psycopg.Connection[Any]) -> Any:

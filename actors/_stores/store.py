@@ -279,7 +279,9 @@ class CheckpointStore(ABC):
         transcript): a store may return them as the transcript's prefix and read only the
         entries past them, so that waking a long run costs what its new entries cost. Entries
         are append-only and a run's writes are fenced, so the prefix cannot differ from what
-        the store holds. The default is `load(run_id)`.
+        the store holds. The caller's own writes of the run must be stored already (a
+        passivated run's are): a store need not wait for its queue. The default is
+        `load(run_id)`.
 
         Raises:
             SteerableError: as `load`.
