@@ -10,7 +10,7 @@ from typing import Any
 from steerable.protocol import AgentError, RunOutcome, RunState, SubagentResult, ToolResult
 
 from .base import Call
-from .preview import PREVIEW_CHARS, preview
+from .preview import NO_ARGUMENTS, PREVIEW_CHARS, preview
 
 __all__ = [
     "approval_requested",
@@ -34,7 +34,7 @@ def tool_started(call: Call) -> dict[str, Any]:
     return {
         "call_id": call.call_id,
         "tool": call.name,
-        "arguments": preview(arguments) if arguments else {},
+        "arguments": preview(arguments) if arguments else NO_ARGUMENTS,
     }
 
 

@@ -15,13 +15,20 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from steerable.protocol import AskUser, Finish, Plan, SubagentCall, ToolCall
+from steerable.protocol import AskUser, Finish, FrozenDict, Plan, SubagentCall, ToolCall
 from steerable.protocol.codec import redact
 
 from .base import ToolLike
 from .recording import checked_arguments, recorded_arguments
 
-__all__ = ["PREVIEW_CHARS", "PREVIEW_DEPTH", "PREVIEW_ITEMS", "decision_preview", "preview"]
+__all__ = [
+    "NO_ARGUMENTS",
+    "PREVIEW_CHARS",
+    "PREVIEW_DEPTH",
+    "PREVIEW_ITEMS",
+    "decision_preview",
+    "preview",
+]
 
 PREVIEW_CHARS = 500
 """Characters of a string kept in a preview."""
@@ -31,6 +38,11 @@ PREVIEW_DEPTH = 4
 """Nesting levels kept in a preview; deeper containers become a short summary."""
 
 _SCALARS = (bool, int, float, type(None))
+
+NO_ARGUMENTS: Mapping[str, Any] = FrozenDict()
+"""The preview of a call without arguments: one shared, unchangeable empty mapping (equal to
+`{}`, and a `dict`), so an event does not allocate one more object the collector counts and
+the run's history keeps (docs/performance.md "Wave 4: events and loop, session 6")."""
 
 
 def preview(value: Any) -> Any:
@@ -101,7 +113,9 @@ def decision_preview(
                 steps.append(
                     {
                         "tool": step.name,
-                        "arguments": _step_arguments(step, tools) if step.arguments else {},
+                        "arguments": _step_arguments(step, tools)
+                        if step.arguments
+                        else NO_ARGUMENTS,
                     }
                 )
         out["steps"] = steps
