@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from pydantic import SecretStr
 
 from steerable.actors import Runtime, tool
@@ -111,6 +112,22 @@ def test_previews_are_bounded_in_items_and_depth() -> None:
     assert preview({"k": SecretStr("pw")})["k"].startswith("secret:sha256:")
     assert preview(3) == 3
     assert preview(None) is None
+
+
+def test_a_call_without_arguments_shows_one_unchangeable_empty_mapping() -> None:
+    # Shared so an event allocates nothing more for it (docs/performance.md, "Wave 4: events
+    # and loop, session 6"); unchangeable, since every event holds the same one.
+    agent = ScriptedAgent([Plan(steps=(ToolCall(name="fail"),)), Finish(output="done")])
+    events = _events(agent)
+    started = _of(events, EventKind.TOOL_STARTED)[0]["arguments"]
+    step = _of(events, EventKind.REASONING_FINISHED)[0]["steps"][0]["arguments"]
+    assert started == {}
+    assert isinstance(started, dict)
+    assert step is started
+    with pytest.raises(TypeError):
+        started["x"] = 1
+    event = next(e for e in events if e.kind is EventKind.TOOL_STARTED)
+    assert RunEvent.model_validate_json(event.model_dump_json()).data == event.data
 
 
 def test_the_benchs_thin_events_switch_reaches_every_payload_w1_emits() -> None:

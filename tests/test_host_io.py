@@ -73,6 +73,29 @@ def test_start_starts_every_thread_up_front() -> None:
     assert _host_threads() == []
 
 
+def test_once_every_thread_runs_submit_takes_no_lock() -> None:
+    # The loop must never block on a lock a host thread holds (docs/host.md "Keeping the
+    # loop free"): with every thread started, a submit is a bare queue put.
+    io = HostIO(max_threads=2, name="test-host")
+    io.start()
+    with io._lock:  # a host thread holding the lock cannot delay the submit
+        future = io.submit(lambda: 42)
+    assert future.result(WAIT) == 42
+    io.shutdown()
+
+
+def test_a_job_queued_behind_shutdowns_markers_still_runs() -> None:
+    # A lock-free submit that races shutdown() lands behind the end-of-work markers:
+    # shutdown runs it rather than leave its awaiting task waiting forever.
+    io = HostIO(max_threads=1, name="test-host")
+    io.start()
+    io.shutdown()
+    late: concurrent.futures.Future[int] = concurrent.futures.Future()
+    io._jobs.put((late, lambda: 7, (), {}))  # as the racing put would leave it
+    io.shutdown()
+    assert late.result(0) == 7
+
+
 def test_a_job_cancelled_before_it_starts_never_runs() -> None:
     io = HostIO(max_threads=1, name="test-host")
     gate = threading.Event()

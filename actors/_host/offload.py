@@ -51,9 +51,9 @@ class HostIO:
         self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._queued = 0  # submitted, not yet taken by a thread
         self._idle = 0  # threads waiting for a job
         self._closed = False
+        self._full = False  # every thread started: submit is a bare queue put
 
     async def run(self, fn: Callable[..., T], /, *args: object, **kwargs: object) -> T:
         """Run `fn(*args, **kwargs)` on a host thread and await its result on this loop."""
@@ -77,20 +77,24 @@ class HostIO:
         self, fn: Callable[..., T], /, *args: object, **kwargs: object
     ) -> concurrent.futures.Future[T]:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        job: _Job = (future, fn, args, kwargs)
+        if self._full and not self._closed:
+            # Every thread is started (`async with Runtime(...)` starts them up front): a bare
+            # queue put, no lock. The loop never waits for a lock a host thread holds: once
+            # it blocks, it gives up the GIL and may wait a whole switch interval for it
+            # (docs/host.md, "Keeping the loop free"). A put that races `shutdown()` lands
+            # behind its end-of-work markers; `shutdown()` runs what it finds there.
+            self._jobs.put(job)
+            return future
         with self._lock:
             closed = self._closed
             if not closed:
-                self._queued += 1
-                if self._idle < self._queued and len(self._threads) < self._max_threads:
+                if self._idle < self._jobs.qsize() + 1 and len(self._threads) < self._max_threads:
                     self._start_thread()
                 # Queued under the lock: shutdown's end-of-work markers go in behind it.
-                self._jobs.put((future, fn, args, kwargs))
+                self._jobs.put(job)
         if closed:
-            # Shut down: run inline (it raises the operation's own "shut down" error).
-            try:
-                future.set_result(fn(*args, **kwargs))
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
-                future.set_exception(exc)
+            _run_closed(job)
         return future
 
     def shutdown(self) -> None:
@@ -104,11 +108,20 @@ class HostIO:
         for thread in threads:
             if thread is not current:  # a host operation that shuts the runtime down
                 thread.join()
+        # A lock-free put that raced the markers above: run it here (its operation raises
+        # its own "shut down" error), so no awaiting task waits forever.
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                _run(job)
 
     def statistics(self) -> dict[str, int]:
         """`threads`: started so far; `queued`: operations waiting for a thread."""
         with self._lock:
-            return {"threads": len(self._threads), "queued": self._queued}
+            return {"threads": len(self._threads), "queued": self._jobs.qsize()}
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -119,6 +132,7 @@ class HostIO:
         )
         thread.start()  # the new thread waits for the lock before it takes a job
         self._threads.append(thread)
+        self._full = len(self._threads) >= self._max_threads
 
     def _work(self) -> None:
         jobs = self._jobs
@@ -131,8 +145,16 @@ class HostIO:
                 self._idle -= 1
                 if job is None:
                     return
-                self._queued -= 1
             _run(job)
+
+
+def _run_closed(job: _Job) -> None:
+    """Run a job inline after shutdown (it raises the operation's own "shut down" error)."""
+    future, fn, args, kwargs = job
+    try:
+        future.set_result(fn(*args, **kwargs))
+    except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+        future.set_exception(exc)
 
 
 def _run(job: _Job) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from steerable.protocol import AgentError, RunOutcome, RunState, SubagentResult, ToolResult
 
 from .base import Call
-from .preview import preview
+from .preview import NO_ARGUMENTS, PREVIEW_CHARS, preview
 
 __all__ = [
     "approval_requested",
@@ -30,10 +30,11 @@ def approval_requested(call: Call) -> dict[str, Any]:
 
 def tool_started(call: Call) -> dict[str, Any]:
     """`tool_started`: the call's first attempt is dispatched."""
+    arguments = call.arguments
     return {
         "call_id": call.call_id,
         "tool": call.name,
-        "arguments": preview(call.arguments) if call.arguments else {},
+        "arguments": preview(arguments) if arguments else NO_ARGUMENTS,
     }
 
 
@@ -50,21 +51,33 @@ def tool_retry(call: Call, delay: float, error: AgentError) -> dict[str, Any]:
 
 def tool_finished(call: Call, result: ToolResult) -> dict[str, Any]:
     """`tool_finished`: the call's result, previewed."""
+    # One dict literal per outcome, the common preview inlined (a short string): built once
+    # per call on the supervisor's thread (issue 14's budget for rich events).
     error = result.error
-    data: dict[str, Any] = {
+    if error is None:
+        value = result.value
+        return {
+            "call_id": call.call_id,
+            "tool": call.name,
+            "ok": True,
+            "error": None,
+            "attempts": call.attempt,
+            "duration": result.duration,
+            "abandoned": False,
+            "value": value
+            if type(value) is str and len(value) <= PREVIEW_CHARS
+            else preview(value),
+        }
+    return {
         "call_id": call.call_id,
         "tool": call.name,
-        "ok": error is None,
-        "error": None if error is None else error.code.value,
+        "ok": False,
+        "error": error.code._value_,
         "attempts": call.attempt,
         "duration": result.duration,
-        "abandoned": error is not None and error.details.get("abandoned") is True,
+        "abandoned": error.details.get("abandoned") is True,
+        "message": preview(error.message),
     }
-    if error is None:
-        data["value"] = preview(result.value)
-    else:
-        data["message"] = preview(error.message)
-    return data
 
 
 def subagent_started(call: Call, child_run_id: str) -> dict[str, Any]:

@@ -15,13 +15,20 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from steerable.protocol import AskUser, Finish, Plan, SubagentCall, ToolCall
+from steerable.protocol import AskUser, Finish, FrozenDict, Plan, SubagentCall, ToolCall
 from steerable.protocol.codec import redact
 
 from .base import ToolLike
 from .recording import checked_arguments, recorded_arguments
 
-__all__ = ["PREVIEW_CHARS", "PREVIEW_DEPTH", "PREVIEW_ITEMS", "decision_preview", "preview"]
+__all__ = [
+    "NO_ARGUMENTS",
+    "PREVIEW_CHARS",
+    "PREVIEW_DEPTH",
+    "PREVIEW_ITEMS",
+    "decision_preview",
+    "preview",
+]
 
 PREVIEW_CHARS = 500
 """Characters of a string kept in a preview."""
@@ -32,12 +39,20 @@ PREVIEW_DEPTH = 4
 
 _SCALARS = (bool, int, float, type(None))
 
+NO_ARGUMENTS: Mapping[str, Any] = FrozenDict()
+"""The preview of a call without arguments: one shared, unchangeable empty mapping (equal to
+`{}`, and a `dict`), so an event does not allocate one more object the collector counts and
+the run's history keeps (docs/performance.md "Wave 4: events and loop, session 6")."""
+
 
 def preview(value: Any) -> Any:
     """A bounded, JSON-like, secret-free preview of `value` (see the module docstring)."""
-    if isinstance(value, _SCALARS):
-        return value
-    if isinstance(value, str) and len(value) <= PREVIEW_CHARS:
+    # Exact-type tests first: most previewed values are short strings and scalars, built once
+    # per event on the supervisor's thread (issue 14's budget for rich events).
+    if type(value) is str:
+        if len(value) <= PREVIEW_CHARS:
+            return value
+    elif isinstance(value, _SCALARS) or (isinstance(value, str) and len(value) <= PREVIEW_CHARS):
         return value
     return _cut(redact(value), 0)
 
@@ -81,30 +96,39 @@ def decision_preview(
     A plan step's arguments are shown as the transcript records them (`recorded_arguments`):
     a parameter the tool declares secret is only its reference, whatever the agent sent.
     """
-    out: dict[str, Any] = {"decision": decision.kind}
+    # Dispatched on the `kind` discriminator (one string compare, not an isinstance chain):
+    # this runs once per decision on the supervisor's thread (issue 14's budget).
+    kind = decision.kind
     thought = getattr(decision, "thought", None)
-    if thought:
-        out["thought"] = preview(thought)
-    if isinstance(decision, Plan):
+    out: dict[str, Any] = (
+        {"decision": kind, "thought": preview(thought)} if thought else {"decision": kind}
+    )
+    if kind == "plan":
+        all_steps = decision.steps  # type: ignore[union-attr]
         steps: list[dict[str, Any]] = []
-        for step in decision.steps[:PREVIEW_ITEMS]:
+        for step in all_steps[:PREVIEW_ITEMS] if len(all_steps) > PREVIEW_ITEMS else all_steps:
             if isinstance(step, SubagentCall):
                 steps.append({"agent": step.agent, "task": preview(step.task)})
             else:
-                steps.append({"tool": step.name, "arguments": _step_arguments(step, tools)})
+                steps.append(
+                    {
+                        "tool": step.name,
+                        "arguments": _step_arguments(step, tools)
+                        if step.arguments
+                        else NO_ARGUMENTS,
+                    }
+                )
         out["steps"] = steps
-        if len(decision.steps) > PREVIEW_ITEMS:
-            out["more_steps"] = len(decision.steps) - PREVIEW_ITEMS
-    elif isinstance(decision, Finish):
-        out["output"] = preview(decision.output)
+        if len(all_steps) > PREVIEW_ITEMS:
+            out["more_steps"] = len(all_steps) - PREVIEW_ITEMS
+    elif kind == "finish":
+        out["output"] = preview(decision.output)  # type: ignore[union-attr]
     else:
-        out["question"] = preview(decision.question)
+        out["question"] = preview(decision.question)  # type: ignore[union-attr]
     return out
 
 
 def _step_arguments(step: ToolCall, tools: Mapping[str, ToolLike]) -> Any:
-    if not step.arguments:
-        return {}
     problem = checked_arguments(step.name, step.arguments, validated=False)
     if problem is not None:
         return "<arguments that cannot be stored>"
