@@ -113,6 +113,7 @@ def _once(runs: int, gc_off: bool) -> None:
             wall = time.perf_counter() - wall0
             cpu = time.process_time() - cpu0
             times1 = _times()
+            gc_window = dict(_gc_cpu)  # collections up to the last result, not at shutdown
     finally:
         gc.enable()
     bad = [o for o in outs if o.state is not RunState.FINISHED or o.metrics.steps != ITERATIONS]
@@ -125,8 +126,8 @@ def _once(runs: int, gc_off: bool) -> None:
         f"  host thread's start() loop: {start_cpu:.3f} s CPU ({start_cpu / runs * 1e6:.0f} µs/run)"
     )
     print(f"  CPU of the runtime's threads by role (whole life, shutdown included): {roles}")
-    gc_total = sum(_gc_cpu.values())
-    by_gen = {f"{role}/gen{gen}": round(v, 3) for (role, gen), v in sorted(_gc_cpu.items())}
+    gc_total = sum(gc_window.values())
+    by_gen = {f"{role}/gen{gen}": round(v, 3) for (role, gen), v in sorted(gc_window.items())}
     print(f"  GC CPU {gc_total:.3f} s ({gc_total / cpu:.0%} of the process CPU): {by_gen}")
     late = sorted(_late)
     print(
