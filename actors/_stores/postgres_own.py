@@ -376,17 +376,11 @@ class PostgresOwnership:
         stored: bool = False,
     ) -> None:
         """The owner takes an operation into the inbox at `message.seq` (None: refuses it),
-        in one statement; returns once committed. `stored`: the inbox holds it already at
-        that seq (its `message_id` was accepted before): only the operation is settled.
-
-        Fenced as a send is: an operation is taken once, and only under this store object's
-        lease of the run, so a zombie that lost the lease neither stores a message at a seq
-        the new owner assigns nor settles (or refuses) an operation the new owner must take.
+        fenced and once, as `SqliteStore.settle_op` does, in one statement (the lease check,
+        the operation's update and the inbox row are CTEs of it).
 
         Raises:
-            SteerableError: `run_owned` (details `run_id`, `epoch`) if this store object no
-                longer holds the run or another owner took the operation; nothing is stored.
-                A refusal that is not this store object's to make is dropped silently.
+            SteerableError: `run_owned` as `SqliteStore.settle_op` raises it.
         """
         self._check_open()
         s = self._s
