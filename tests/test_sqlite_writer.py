@@ -258,3 +258,25 @@ def test_a_flush_with_nothing_queued_does_not_wait_for_the_writer(store: SqliteS
         store._write_lock.release()
     assert store.flush(WAIT)
     assert store._queue.idle()
+
+
+def test_the_change_counter_moves_for_another_connections_commit_not_the_stores_own(
+    store: SqliteStore,
+) -> None:
+    # The wake thread reads it every 5 ms (actors/_host/remote.py): the store's own
+    # checkpoints must not count, or every look takes pending operations for nothing.
+    before = store.change_counter()
+    store.write_checkpoint("r", 0, snapshot("r", 0, transcript_len=1), 0, notes("r", 0, 1))
+    store.append_message("r", message(0))  # committed on this thread, on the writer's connection
+    assert store.flush(WAIT)
+    assert store.change_counter() == before
+    other = SqliteStore(store.path)  # another process's store, as far as the file can tell
+    try:
+        other.append_message("r", message(1))
+    finally:
+        other.close()
+    moved = store.change_counter()
+    assert moved != before
+    with store._write_lock:  # a transaction holds the writer's connection: another answers
+        assert store.change_counter() != moved
+    assert store.change_counter() != before
