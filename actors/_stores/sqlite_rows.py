@@ -63,26 +63,26 @@ def decoded(blob: bytes, crc: int, run_id: str, revision: int | None, what: str,
 
 
 def lazy_entries(
-    rows: Sequence[tuple[Any, Any, Any]], length: int, run_id: str, revision: int | None
+    rows: Sequence[tuple[Any, Any]], length: int, run_id: str, revision: int | None
 ) -> LazyEntries:
-    """Transcript rows `(idx, blob, crc)` (ordered by idx) as a `LazyEntries` of `length`.
+    """Transcript rows `(blob, crc)` as a `LazyEntries` of `length`.
 
-    Every row's index and checksum are checked now; each record is decoded and validated when
-    first read (`checkpoint_corrupt` naming the run, revision and entry if it does not).
+    `rows` are the run's rows with an integer index in `0 .. length - 1`, in index order
+    (unique: the table's primary key), so `length` of them are the whole transcript. Every
+    row's checksum is checked now; each record is decoded and validated when first read
+    (`checkpoint_corrupt` naming the run, revision and entry if it does not).
 
     Raises:
         SteerableError: `checkpoint_corrupt` for a missing entry or a failed checksum.
     """
+    if len(rows) != length:
+        raise corrupt_row(run_id, revision, f"transcript has {len(rows)} of {length} entries")
     raw: list[bytes] = []
     crc32 = zlib.crc32
-    for i, (idx, blob, crc) in enumerate(rows):
-        if idx != i or type(idx) is not int:
-            break
+    for idx, (blob, crc) in enumerate(rows):
         if type(blob) is not bytes or crc32(blob) != crc:
             checked(blob, crc, run_id, f"entry {idx}")  # raises
         raw.append(blob)
-    if len(raw) != length or len(rows) != length:
-        raise corrupt_row(run_id, revision, f"transcript has {len(rows)} of {length} entries")
 
     def entry(index: int, blob: bytes) -> TranscriptEntry:
         try:
