@@ -62,7 +62,7 @@ def apply_event_batches(
     """Insert the batches of one stream a commit holds with one statement, then trim once.
 
     The trim keeps `retention` seqs up to the highest of the batches' last stored seqs (what
-    the last of one-by-one trims would keep; W1: about 25 batches per commit, one statement).
+    the last of one-by-one trims would keep; W1: tens of batches per commit, one statement).
     An event the codec refuses is left out and logged: the rest of its batch is stored.
     """
     records = batches[0] if len(batches) == 1 else [r for batch in batches for r in batch]
