@@ -119,15 +119,16 @@ def test_sqlite_load_checks_every_checksum_before_anything_is_read(tmp_path: Pat
         store.close()
 
 
-@pytest.mark.parametrize("hole", ["missing", "misnumbered"])
+@pytest.mark.parametrize("hole", ["missing", "misnumbered", "fractional", "text"])
 def test_sqlite_load_refuses_a_transcript_with_a_hole(tmp_path: Path, hole: str) -> None:
     path = tmp_path / "runs.db"
     _stored(path, 3)
     with sqlite3.connect(path) as conn:
         if hole == "missing":
             conn.execute("DELETE FROM entries WHERE idx=1")
-        else:
-            conn.execute("UPDATE entries SET idx=-1 WHERE idx=1")
+        else:  # entry 1 goes, a row that is no entry index comes (the load counts the others)
+            value = {"misnumbered": -1, "fractional": 0.5, "text": "one"}[hole]
+            conn.execute("UPDATE entries SET idx=? WHERE idx=1", (value,))
     conn.close()
     store = SqliteStore(path)
     try:

@@ -282,12 +282,18 @@ class HeldWriter(SqliteStore):
         super().__init__(path)
 
     def _apply_checkpoint(
-        self, conn: sqlite3.Connection, run_id: str, revision: int, snapshot: Any, *rest: Any
+        self,
+        conn: sqlite3.Connection,
+        run_id: str,
+        revision: int,
+        snapshot: Any,
+        *rest: Any,
+        **kwargs: Any,
     ) -> SteerableError | None:
         if snapshot["plan"] and not self.hold.is_set():
             self.held.set()
             self.hold.wait(WAIT)
-        return super()._apply_checkpoint(conn, run_id, revision, snapshot, *rest)
+        return super()._apply_checkpoint(conn, run_id, revision, snapshot, *rest, **kwargs)
 
 
 def test_a_write_does_not_start_before_the_checkpoint_holding_its_key_is_stored(

@@ -139,6 +139,8 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
         """Runs whose entries this writer wrote last: run id -> (lease epoch, entry count)."""
         self._journal_empty: dict[str, int] = {}
         """Runs whose journal this writer cleared and wrote nothing to since: run id -> epoch."""
+        self._runs_rev: dict[str, tuple[int, int]] = {}
+        """Runs whose `runs` row this writer wrote last: run id -> (lease epoch, revision)."""
         self._write_lock = threading.Lock()
         """Held for each transaction on the writer's connection (the writer thread's, or a
         host message's committed on its sender's thread)."""

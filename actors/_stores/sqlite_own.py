@@ -25,6 +25,9 @@ from .store import not_found
 
 __all__ = ["SqliteOwnership"]
 
+_COUNTER_WAIT = 0.002
+"""Seconds `change_counter` waits for the writer's connection (a transaction's end)."""
+
 
 class SqliteOwnership:
     """Ownership in SQL for `SqliteStore` (which provides the connections and the writer)."""
@@ -34,6 +37,9 @@ class SqliteOwnership:
     _ttl: float
     _queue: WriteQueue
     _closed: bool
+    _write_lock: threading.Lock
+    _writer_conn: sqlite3.Connection
+    _conn_closed: bool
 
     def _reader(self) -> sqlite3.Connection:
         raise NotImplementedError
@@ -427,13 +433,30 @@ class SqliteOwnership:
     def change_counter(self) -> int:
         """A number that changes when another connection commits (`PRAGMA data_version`).
 
-        Read on one dedicated connection by the runtime's wake thread (cheap: no I/O).
+        Read by the runtime's wake thread every few milliseconds (cheap: no I/O). Read on the
+        writer's connection, whose counter the store's own commits do not move: on a
+        connection of its own, every checkpoint this store commits would count as a change,
+        and each look (every 5 ms of a busy run) would take pending operations and wake
+        followers for nothing (W1 on SQLite: the wake thread's CPU). While a transaction
+        holds the writer's connection past a short wait, the dedicated connection answers
+        instead (a change it reports may be this store's own: a look for nothing, no miss).
         """
+        lock: threading.Lock = self._write_lock
+        if lock.acquire(timeout=_COUNTER_WAIT):
+            try:
+                if not self._conn_closed:
+                    return int(self._writer_conn.execute("PRAGMA data_version").fetchone()[0])
+            except sqlite3.Error:
+                pass  # the dedicated connection answers (and raises what is wrong)
+            finally:
+                lock.release()
         conn: sqlite3.Connection | None = self.__dict__.get("_watch_conn")
         if conn is None:
             conn = sqlite3.connect(self._path_str(), timeout=30.0, check_same_thread=False)
             self.__dict__["_watch_conn"] = conn
-        return int(conn.execute("PRAGMA data_version").fetchone()[0])
+        # Another connection's counter: kept apart from the writer's (a number either may
+        # hold), so a switch between the two reads as a change, never as none.
+        return -int(conn.execute("PRAGMA data_version").fetchone()[0])
 
     def _path_str(self) -> str:
         raise NotImplementedError

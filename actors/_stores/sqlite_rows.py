@@ -63,33 +63,32 @@ def decoded(blob: bytes, crc: int, run_id: str, revision: int | None, what: str,
 
 
 def lazy_entries(
-    rows: Sequence[tuple[Any, Any, Any]],
+    rows: Sequence[tuple[Any, Any]],
     length: int,
     run_id: str,
     revision: int | None,
     start: int = 0,
 ) -> LazyEntries:
-    """Transcript rows `(idx, blob, crc)` (ordered by idx, from `start`) as a `LazyEntries` of
-    `length` entries (those from `start` on).
+    """Transcript rows `(blob, crc)` as a `LazyEntries` of the `length` entries from `start`.
 
-    Every row's index and checksum are checked now; each record is decoded and validated when
-    first read (`checkpoint_corrupt` naming the run, revision and entry if it does not).
+    `rows` are the run's rows with an integer index in `start .. start + length - 1`, in order
+    (unique: the table's primary key), so `length` of them are the whole transcript. Every
+    row's checksum is checked now; each record is decoded and validated when first read
+    (`checkpoint_corrupt` naming the run, revision and entry if it does not).
 
     Raises:
         SteerableError: `checkpoint_corrupt` for a missing entry or a failed checksum.
     """
-    raw: list[bytes] = []
-    crc32 = zlib.crc32
-    for i, (idx, blob, crc) in enumerate(rows, start):
-        if idx != i or type(idx) is not int:
-            break
-        if type(blob) is not bytes or crc32(blob) != crc:
-            checked(blob, crc, run_id, f"entry {idx}")  # raises
-        raw.append(blob)
-    if len(raw) != length or len(rows) != length:
+    if len(rows) != length:
         raise corrupt_row(
             run_id, revision, f"transcript has {start + len(rows)} of {start + length} entries"
         )
+    raw: list[bytes] = []
+    crc32 = zlib.crc32
+    for idx, (blob, crc) in enumerate(rows, start):
+        if type(blob) is not bytes or crc32(blob) != crc:
+            checked(blob, crc, run_id, f"entry {idx}")  # raises
+        raw.append(blob)
 
     def entry(index: int, blob: bytes) -> TranscriptEntry:
         try:

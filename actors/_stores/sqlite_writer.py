@@ -23,7 +23,7 @@ from steerable.protocol import AgentError, ErrorCode, SteerableError
 from steerable.protocol._codec import encode, encode_body
 
 from .lease import Owner, message_fenced
-from .sqlite_events import EVENTS_WAKE, apply_events
+from .sqlite_events import EVENTS_WAKE, apply_event_batches, apply_events
 from .sqlite_files import notify_failed, notify_stored, transient, unavailable
 from .sqlite_rows import checksum
 from .sqlite_wal import WalCheckpointer
@@ -37,6 +37,42 @@ _FENCED_OPS = frozenset({"checkpoint", "journal", "events"})
 _INBOX_INSERT = "INSERT OR REPLACE INTO inbox (run_id, seq, message, crc, message_id) "
 """Writes checked against the run's lease epoch (a run's own writes; inbox messages come from
 any process)."""
+
+
+_REVISION_INSERT = (
+    "INSERT OR REPLACE INTO revisions (run_id, revision, snapshot, crc, epoch) VALUES (?,?,?,?,?)"
+)
+_RUNS_UPDATE = "UPDATE runs SET state=?, revision=?, updated_at=? WHERE run_id=?"
+
+
+class _Deferred:
+    """A batch's rows written at its end, one statement per table (W1: a batch holds a run's
+    two checkpoints of an iteration, and each statement costs its Python call and its step).
+
+    Only rows nothing else in the batch depends on wait here: a statement of the batch that
+    reads or deletes what they would write runs after `write` (`_apply_checkpoint`)."""
+
+    __slots__ = ("entries", "entry_runs", "revisions", "runs")
+
+    def __init__(self) -> None:
+        self.revisions: list[tuple[Any, ...]] = []
+        self.entries: list[tuple[str, int, bytes, int]] = []
+        self.entry_runs: set[str] = set()
+        self.runs: dict[str, tuple[Any, ...]] = {}
+        """run id -> its last revision's (state, revision, updated_at, run id), for a run
+        whose `runs` row is known to hold the revision before this batch's first."""
+
+    def write(self, conn: sqlite3.Connection) -> None:
+        if self.revisions:
+            conn.executemany(_REVISION_INSERT, self.revisions)
+            self.revisions = []
+        if self.entries:
+            conn.executemany("INSERT INTO entries VALUES (?,?,?,?)", self.entries)
+            self.entries = []
+            self.entry_runs = set()
+        if self.runs:
+            conn.executemany(_RUNS_UPDATE, list(self.runs.values()))
+            self.runs = {}
 
 
 _STOP = object()
@@ -99,6 +135,7 @@ class SqliteWriter:
     _conn_closed: bool
     _entries_len: dict[str, tuple[int, int]]
     _journal_empty: dict[str, int]
+    _runs_rev: dict[str, tuple[int, int]]
     _wal: WalCheckpointer
 
     if TYPE_CHECKING:  # provided by SqliteOwnership and CheckpointStore (no stub shadows them)
@@ -351,6 +388,7 @@ class SqliteWriter:
         self._static_added.clear()
         self._entries_len.clear()  # what the transaction wrote is gone: what is known too
         self._journal_empty.clear()
+        self._runs_rev.clear()
         if conn.in_transaction:
             try:
                 conn.execute("ROLLBACK")
@@ -370,8 +408,14 @@ class SqliteWriter:
         run that clears the journal (an empty plan) is stored after it in the same batch: the
         transcript of that checkpoint holds the result, and the row would be deleted in the
         same transaction (W1: a result and the boundary after it often share one batch).
+        Checkpoints' revision and entry rows, and the `runs` row of a run whose stored
+        revision is known (`_Deferred`), are written at the end too, one statement per table;
+        so are stored events, one statement per run (the batches its supervisor handed over
+        in the window, in order).
         """
         pending: dict[str, list[tuple[str, str, bytes, int]]] = {}
+        events: dict[tuple[str, str, int], list[Any]] = {}  # (run, trace, retention) -> batches
+        deferred = _Deferred()
         for index, op in enumerate(prepared):
             if op is None:
                 continue
@@ -381,14 +425,22 @@ class SqliteWriter:
                 if self._fence_ok(conn, run_id, "", fence):
                     pending.setdefault(run_id, []).append((run_id, call_id, blob, checksum(blob)))
                 continue
-            why = self._apply(conn, op, fence)
+            if kind == "events":
+                _, run_id, trace_id, records, retention = op
+                if self._fence_ok(conn, run_id, "", fence):
+                    events.setdefault((run_id, trace_id, retention), []).append(records)
+                continue
+            why = self._apply(conn, op, fence, deferred)
             if why is not None:
                 refused[index] = why
             elif kind == "checkpoint" and op[1] in pending and fence[op[1]] and not op[3]["plan"]:
                 del pending[op[1]]
+        deferred.write(conn)
         for run_id, rows in pending.items():
             conn.executemany("INSERT OR REPLACE INTO journal VALUES (?,?,?,?)", rows)
             self._journal_empty.pop(run_id, None)
+        for (run_id, trace_id, retention), batches in events.items():
+            apply_event_batches(conn, run_id, trace_id, batches, retention)
 
     def _apply_one(
         self, conn: sqlite3.Connection, op: tuple[Any, ...], fence: dict[str, bool]
@@ -406,6 +458,7 @@ class SqliteWriter:
                 self._static_written.discard(op[1])
                 self._entries_len.pop(op[1], None)
                 self._journal_empty.pop(op[1], None)
+                self._runs_rev.pop(op[1], None)
             return self._codec_refused(op[0], exc)
         conn.execute("RELEASE op")
         return why
@@ -451,13 +504,17 @@ class SqliteWriter:
         return ok
 
     def _apply(
-        self, conn: sqlite3.Connection, op: tuple[Any, ...], fence: dict[str, bool]
+        self,
+        conn: sqlite3.Connection,
+        op: tuple[Any, ...],
+        fence: dict[str, bool],
+        deferred: _Deferred | None = None,
     ) -> SteerableError | None:
         kind = op[0]
         if kind == "checkpoint":
             if not self._fence_ok(conn, op[1], op[3]["agent"], fence):
                 return None
-            return self._apply_checkpoint(conn, *op[1:])
+            return self._apply_checkpoint(conn, *op[1:], deferred=deferred)
         if kind == "journal":
             _, run_id, call_id, blob = op
             if self._fence_ok(conn, run_id, "", fence):
@@ -498,64 +555,49 @@ class SqliteWriter:
         rows: list[tuple[str, int, bytes, int]],
         dynamic: bytes,
         static: bytes | None,
+        *,
+        deferred: _Deferred | None = None,
     ) -> SteerableError | None:
         """Write one revision, only on top of the previous one: after a write of this run
         was given up, its later revisions are refused (the store keeps its last good one)
-        rather than stored with a hole in their transcript. Returns the refusal, if any."""
-        if run_id not in self._static_written:
-            # Once per run and process: config, capabilities and the task never change while
-            # a run lives, so revisions store only what does (W4: bytes <= 3x the transcript).
-            if static is None:
-                static = encode_body("snapshot", {key: snapshot[key] for key in STATIC_KEYS})
-            cursor = conn.execute(
-                "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(run_id) DO UPDATE "
-                "SET state=excluded.state, revision=excluded.revision, "
-                "updated_at=excluded.updated_at, static=excluded.static, crc=excluded.crc "
-                "WHERE excluded.revision <= runs.revision + 1",
-                (
-                    run_id,
-                    snapshot["parent_run_id"],
-                    snapshot["task"],
-                    snapshot["agent"],
-                    snapshot["state"],
-                    revision,
-                    snapshot["updated_at"],
-                    static,
-                    checksum(static),
-                ),
-            )
-            if cursor.rowcount == 1:
-                self._static_written.add(run_id)
-                self._static_added.append(run_id)
-        else:
-            cursor = conn.execute(
-                "UPDATE runs SET state=?, revision=?, updated_at=? WHERE run_id=? AND revision>=?",
-                (snapshot["state"], revision, snapshot["updated_at"], run_id, revision - 1),
-            )
-        if cursor.rowcount != 1:
+        rather than stored with a hole in their transcript. Returns the refusal, if any.
+
+        With `deferred` (a batch's), the rows nothing else in the batch reads wait for its
+        end (`_Deferred`).
+        """
+        with self._held_lock:
+            held = self._held.get(run_id)
+        epoch = 0 if held is None else held[1]
+        if not self._store_run_row(conn, run_id, revision, snapshot, static, held, deferred):
+            self._runs_rev.pop(run_id, None)
             return unavailable(
                 f"revision {revision} of run {run_id} not stored: an earlier revision of the "
                 "run was not stored (its write was given up)",
                 run_id=run_id,
                 revision=revision,
             )
-        with self._held_lock:
-            held = self._held.get(run_id)
-        epoch = 0 if held is None else held[1]
-        conn.execute(
-            "INSERT OR REPLACE INTO revisions (run_id, revision, snapshot, crc, epoch) "
-            "VALUES (?,?,?,?,?)",
-            (run_id, revision, dynamic, checksum(dynamic), epoch),
-        )
+        if held is not None:
+            self._runs_rev[run_id] = (epoch, revision)
+        revision_row = (run_id, revision, dynamic, checksum(dynamic), epoch)
+        if deferred is not None:
+            deferred.revisions.append(revision_row)
+        else:
+            conn.execute(_REVISION_INSERT, revision_row)
         if rows:
             # A resumed run rewrites from its length: entries past it go. Known to be none
             # when this store object wrote the run's last entries under the same lease (its
             # fence holds, so nobody else wrote since): the DELETE is skipped then.
             if held is None or self._entries_len.get(run_id) != (epoch, entries_from):
+                if deferred is not None and run_id in deferred.entry_runs:
+                    deferred.write(conn)  # rows of this run it holds come before the DELETE
                 conn.execute(
                     "DELETE FROM entries WHERE run_id=? AND idx>=?", (run_id, entries_from)
                 )
-            conn.executemany("INSERT INTO entries VALUES (?,?,?,?)", rows)
+            if deferred is not None:
+                deferred.entries.extend(rows)
+                deferred.entry_runs.add(run_id)
+            else:
+                conn.executemany("INSERT INTO entries VALUES (?,?,?,?)", rows)
             if held is not None:
                 self._entries_len[run_id] = (epoch, entries_from + len(rows))
         if not snapshot["plan"] and (held is None or self._journal_empty.get(run_id) != epoch):
@@ -568,8 +610,68 @@ class SqliteWriter:
             self._static_written.discard(run_id)
             self._entries_len.pop(run_id, None)
             self._journal_empty.pop(run_id, None)
+            self._runs_rev.pop(run_id, None)
             # Nobody needs a finished run's lease: released with its last write.
             conn.execute("UPDATE leases SET expires_at=0 WHERE run_id=?", (run_id,))
             with self._held_lock:
                 self._held.pop(run_id, None)
         return None
+
+    def _store_run_row(
+        self,
+        conn: sqlite3.Connection,
+        run_id: str,
+        revision: int,
+        snapshot: dict[str, Any],
+        static: bytes | None,
+        held: tuple[Owner, int] | None,
+        deferred: _Deferred | None,
+    ) -> bool:
+        """Move the run's `runs` row to `revision` if it holds the previous one (or none).
+
+        Deferred to the batch's end when this writer knows the row holds the previous
+        revision: it wrote it under the same lease epoch, and the fence holds (nobody else
+        wrote since); else the statement checks, and runs after what the batch deferred for
+        the run."""
+        if (
+            deferred is not None
+            and held is not None
+            and run_id in self._static_written
+            and self._runs_rev.get(run_id) == (held[1], revision - 1)
+        ):
+            deferred.runs[run_id] = (snapshot["state"], revision, snapshot["updated_at"], run_id)
+            return True
+        if deferred is not None and run_id in deferred.runs:
+            deferred.write(conn)  # the statement below reads the row's revision
+        if run_id in self._static_written:
+            cursor = conn.execute(
+                _RUNS_UPDATE + " AND revision>=?",
+                (snapshot["state"], revision, snapshot["updated_at"], run_id, revision - 1),
+            )
+            return cursor.rowcount == 1
+        # Once per run and process: config, capabilities and the task never change while
+        # a run lives, so revisions store only what does (W4: bytes <= 3x the transcript).
+        if static is None:
+            static = encode_body("snapshot", {key: snapshot[key] for key in STATIC_KEYS})
+        cursor = conn.execute(
+            "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(run_id) DO UPDATE "
+            "SET state=excluded.state, revision=excluded.revision, "
+            "updated_at=excluded.updated_at, static=excluded.static, crc=excluded.crc "
+            "WHERE excluded.revision <= runs.revision + 1",
+            (
+                run_id,
+                snapshot["parent_run_id"],
+                snapshot["task"],
+                snapshot["agent"],
+                snapshot["state"],
+                revision,
+                snapshot["updated_at"],
+                static,
+                checksum(static),
+            ),
+        )
+        if cursor.rowcount != 1:
+            return False
+        self._static_written.add(run_id)
+        self._static_added.append(run_id)
+        return True

@@ -157,8 +157,8 @@ def patch_checkpoints() -> None:
         return
     original = SqliteStore._apply_checkpoint
 
-    def apply(self: SqliteStore, conn: Any, *args: Any) -> Any:
-        refused = original(self, conn, *args)  # a refusal (stale revision) passes through
+    def apply(self: SqliteStore, conn: Any, *args: Any, **kwargs: Any) -> Any:
+        refused = original(self, conn, *args, **kwargs)  # a refusal (stale) passes through
         with _lock:
             _counts["checkpoint"] += 1
             kill_point("checkpoint")
