@@ -101,22 +101,24 @@ class PostgresReads:
             )
             # A held prefix longer than the stored transcript is not this revision's: read all.
             skip = len(held) if len(held) <= snapshot.transcript_len else 0
-            entries = conn.execute(
-                f"SELECT idx, entry, crc FROM {s}.entries WHERE run_id=%s AND idx>=%s AND idx<%s "
-                "ORDER BY idx",
-                (run_id, skip, snapshot.transcript_len),
-            ).fetchall()
-            journal: list[Any] = []
-            messages: list[Any] = []
+            entries_sql = (
+                f"SELECT 0, idx, NULL, entry, crc FROM {s}.entries "
+                "WHERE run_id=%s AND idx>=%s AND idx<%s"
+            )
+            params: tuple[Any, ...] = (run_id, skip, snapshot.transcript_len)
             if wanted == latest:
-                journal = conn.execute(
-                    f"SELECT call_id, result, crc FROM {s}.journal WHERE run_id=%s", (run_id,)
-                ).fetchall()
-                messages = conn.execute(
-                    f"SELECT seq, message, crc FROM {s}.inbox WHERE run_id=%s AND seq>%s "
-                    "ORDER BY seq",
-                    (run_id, snapshot.last_seq),
-                ).fetchall()
+                # The entries, the journal and the inbox in one statement: a wake is four
+                # round trips (BEGIN, the run, this, COMMIT), not six.
+                entries_sql += (
+                    f" UNION ALL SELECT 1, 0, call_id, result, crc FROM {s}.journal "
+                    f"WHERE run_id=%s UNION ALL SELECT 2, seq, NULL, message, crc FROM {s}.inbox "
+                    "WHERE run_id=%s AND seq>%s"
+                )
+                params += (run_id, run_id, snapshot.last_seq)
+            rows = conn.execute(entries_sql + " ORDER BY 1, 2", params).fetchall()
+            entries = [(n, b, c) for k, n, _, b, c in rows if k == 0]
+            journal = [(cid, b, c) for k, _, cid, b, c in rows if k == 1]
+            messages = [(n, b, c) for k, n, _, b, c in rows if k == 2]
             return wanted, snapshot, skip, entries, journal, messages
 
         at, snapshot, skip, entries, journal, messages = self._conns.run(
