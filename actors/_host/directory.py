@@ -237,8 +237,8 @@ class RunDirectory:
             entry.ref = None
             entry.deadline, entry.arguments = sup.parked_state()
         self._keep_warm(cell.run_id, sup.parked_transcript())
-        # Its timers are cancelled as it stops; its checkpoint may still be in the store's
-        # writer queue, which `load` flushes before reading (the dispatcher never waits on it).
+        # Its timers are cancelled as it stops. Its checkpoint is stored (a supervisor parks
+        # only then), so its wake may read the store without waiting for the writer's queue.
         sup.stop_parked()
         if entry.deadline is not None:
             # A parked run still has a deadline: the timer wakes it (R14).

@@ -419,7 +419,8 @@ class PostgresOwnership:
 
     def message_seq(self, run_id: str, message_id: str) -> int | None:
         """The inbox seq of the run's message stored with `message_id` (None: none is)."""
-        self.flush()
+        # No flush: every inbox row is committed before its `append_message` or `settle_op`
+        # returns, so the writer's queue holds none (a send with an id was one flush more).
         s = self._s
         row = self._conns.run(
             lambda c: c.execute(

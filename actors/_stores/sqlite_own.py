@@ -306,7 +306,8 @@ class SqliteOwnership:
 
     def message_seq(self, run_id: str, message_id: str) -> int | None:
         """The inbox seq of the run's message stored with `message_id` (None: none is)."""
-        self.flush()
+        # No flush: every inbox row is committed before its `append_message` or `settle_op`
+        # returns, so the writer's queue holds none (a send with an id was one flush more).
         row = (
             self._reader()
             .execute("SELECT seq FROM inbox WHERE run_id=? AND message_id=?", (run_id, message_id))
