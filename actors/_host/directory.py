@@ -236,7 +236,8 @@ class RunDirectory:
                 return
             entry.ref = None
             entry.deadline, entry.arguments = sup.parked_state()
-        self._keep_warm(cell.run_id, sup.parked_transcript())
+            # Under the cell's lock: a wake (which takes it first) finds what this park kept.
+            self._keep_warm(cell.run_id, sup.parked_transcript())
         # Its timers are cancelled as it stops. Its checkpoint is stored (a supervisor parks
         # only then), so its wake may read the store without waiting for the writer's queue.
         sup.stop_parked()
