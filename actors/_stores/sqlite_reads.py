@@ -43,13 +43,21 @@ class SqliteReads:
 
     def reload(self, run_id: str, held: Sequence[TranscriptEntry]) -> StoredRun:
         """The latest revision, reading only the transcript entries past `held` (see
-        `Store.reload`): a woken run costs what its new entries cost, not its length."""
-        return self._load(run_id, None, held)
+        `Store.reload`): a woken run costs what its new entries cost, not its length. It
+        does not wait for the writer's queue (a load does): its caller's writes of the run are
+        committed (a run passivates only once its checkpoint is)."""
+        return self._load(run_id, None, held, flush=False)
 
     def _load(
-        self, run_id: str, revision: int | None, held: Sequence[TranscriptEntry]
+        self,
+        run_id: str,
+        revision: int | None,
+        held: Sequence[TranscriptEntry],
+        *,
+        flush: bool = True,
     ) -> StoredRun:
-        self.flush()
+        if flush:
+            self.flush()
         conn = self._reader()
         conn.execute("BEGIN")
         try:
