@@ -71,14 +71,18 @@ class Inbox:
         """A decision answered the messages delivered so far."""
         self.unseen = ()
 
-    def fields(self) -> dict[str, Any]:
-        """The inbox's fields of a `RunSnapshot` body."""
+    def add_fields(self, dynamic: dict[str, Any]) -> None:
+        """Add to a revision's per-revision part the inbox's fields not at their default
+        (`fields()` less what `SNAPSHOT_DEFAULTS`, protocol/_stored.py, leaves out)."""
+        last = self.last_seq
         pending = self._pending
-        return {
-            "last_seq": self.last_seq,
-            "delivered_seq": self.last_seq - len(pending),
-            "pending_messages": [m.model_dump(mode="json") for m in pending] if pending else [],
-        }
+        if last != -1:
+            dynamic["last_seq"] = last
+        delivered = last - len(pending) if pending else last
+        if delivered != -1:
+            dynamic["delivered_seq"] = delivered
+        if pending:
+            dynamic["pending_messages"] = [m.model_dump(mode="json") for m in pending]
 
     def restore(self, last_seq: int, pending: Iterable[HostMessage]) -> None:
         """The inbox as a checkpoint stored it."""
@@ -203,6 +207,30 @@ class Meter:
             "phase_seconds": dict(self._phases),
             **self._counters,
         }
+
+    def snapshot_metrics(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """`fields()`, and what of it a revision keeps (`trimmed_metrics`, protocol/_stored.py:
+        the non-zero values no top-level counter repeats), built together per checkpoint."""
+        usage = self.usage
+        duration = max(self._now - self._started_at, 0.0)
+        phases = dict(self._phases)
+        counters = self._counters
+        full = {
+            "steps": self.steps,
+            "model_calls": self.model_calls,
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "duration_seconds": duration,
+            "phase_seconds": phases,
+            **counters,
+        }
+        trimmed: dict[str, Any] = {"duration_seconds": duration} if duration else {}
+        if phases:
+            trimmed["phase_seconds"] = phases
+        for key, value in counters.items():
+            if value:
+                trimmed[key] = value
+        return full, trimmed
 
     def restore(
         self, *, model_calls: int, model_retries: int, steps: int, decisions: int, usage: Usage,
