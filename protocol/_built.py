@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._decisions import Plan, PlanStep, ToolCall, Usage
+from ._decisions import AskUser, Finish, Plan, PlanStep, ToolCall, Usage
 from ._errors import AgentError
 from ._frozen import freeze
-from ._messages import ToolResult
+from ._messages import DecisionEntry, ToolResult
 
-__all__ = ["built_plan", "built_tool_call", "built_tool_result"]
+__all__ = ["built_decision_entry", "built_plan", "built_tool_call", "built_tool_result"]
 
 _new = object.__new__
 _set = object.__setattr__  # the records are frozen: their own __setattr__ refuses
@@ -43,6 +43,27 @@ def built_plan(steps: tuple[PlanStep, ...], usage: Usage, thought: str) -> Plan:
     record = _new(Plan)
     _set(record, "__dict__", {"kind": "plan", "steps": steps, "usage": usage, "thought": thought})
     _set(record, "__pydantic_fields_set__", {"steps", "usage", "thought"})
+    _set(record, "__pydantic_extra__", None)
+    _set(record, "__pydantic_private__", None)
+    return record
+
+
+_DECISION_TYPES = (Plan, Finish, AskUser)
+_ENTRY_FIELDS = frozenset(("model_call", "decision"))
+
+
+def built_decision_entry(model_call: int, decision: Plan | Finish | AskUser) -> DecisionEntry:
+    """`DecisionEntry(model_call=..., decision=...)` for a validated decision (its own record,
+    kept as it is, as validation keeps it) and the machine's model call number.
+
+    Anything not of the exact types the record holds (a subclass of a decision, a number that
+    is not an int) goes through the validated constructor.
+    """
+    if type(model_call) is not int or type(decision) not in _DECISION_TYPES:
+        return DecisionEntry(model_call=model_call, decision=decision)
+    record = _new(DecisionEntry)
+    _set(record, "__dict__", {"kind": "decision", "model_call": model_call, "decision": decision})
+    _set(record, "__pydantic_fields_set__", set(_ENTRY_FIELDS))
     _set(record, "__pydantic_extra__", None)
     _set(record, "__pydantic_private__", None)
     return record

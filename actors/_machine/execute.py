@@ -15,7 +15,6 @@ from steerable.protocol import (
     AgentError,
     ApprovalDecision,
     CallStatus,
-    DecisionEntry,
     ErrorCode,
     EventKind,
     Phase,
@@ -27,7 +26,7 @@ from steerable.protocol import (
     ToolResult,
     WaitingFor,
 )
-from steerable.protocol._built import built_tool_result
+from steerable.protocol._built import built_decision_entry, built_tool_result
 
 from . import events
 from .base import (
@@ -163,19 +162,25 @@ class Execution:
                     meter.count("tool_errors")
                 m.record_result(result, Phase.PLAN)
                 self._fx.journal(result)
-        m.add_entry(DecisionEntry(model_call=model_call, decision=recorded_plan(plan, planned)))
+        # Built without a validation pass (protocol/_built.py): the plan is the agent's
+        # validated decision as `recorded_plan` rebuilt it.
+        m.add_entry(built_decision_entry(model_call, recorded_plan(plan, planned)))
         steps_left = cfg.max_steps - meter.steps
         if planned.executable > steps_left:
             # No half-run plans (docs/contract.md "Budgets at the edge").
             m.exhaust("max_steps", cfg.max_steps, planned=planned.executable, steps_left=steps_left)
             return
-        short = reserve(
-            calls,
-            planned.executable,
-            cfg,
-            steps=meter.steps,
-            model_calls=meter.model_calls,
-            usage=meter.usage,
+        short = (
+            reserve(
+                calls,
+                planned.executable,
+                cfg,
+                steps=meter.steps,
+                model_calls=meter.model_calls,
+                usage=meter.usage,
+            )
+            if planned.children
+            else None  # no child starts: nothing to reserve
         )
         if short is not None:
             # Children cannot get a share of a budget that is used up: no half-run plans.

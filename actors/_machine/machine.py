@@ -24,7 +24,6 @@ from steerable.protocol import (
     CancelRequest,
     CapabilitySnapshot,
     Compatibility,
-    DecisionEntry,
     ErrorCode,
     EventKind,
     Finish,
@@ -45,6 +44,7 @@ from steerable.protocol import (
     UserMessage,
     WaitingFor,
 )
+from steerable.protocol._built import built_decision_entry
 from steerable.protocol._state import TRANSITIONS
 
 from . import events
@@ -261,7 +261,7 @@ class RunMachine:
         meter.decided()
         planned = isinstance(decision, Plan) and bool(decision.steps)
         if not planned:
-            self.transcript.append(DecisionEntry(model_call=model_call, decision=decision))
+            self.transcript.append(built_decision_entry(model_call, decision))
         self._inbox.seen()  # the agent has decided with them
         self.fx.emit(
             EventKind.REASONING_FINISHED,
@@ -277,7 +277,7 @@ class RunMachine:
             self._on_finish(decision, verdict, now)
         elif (budget := self.config.token_budget) is not None and meter.usage.total > budget:
             if planned:
-                self.transcript.append(DecisionEntry(model_call=model_call, decision=decision))
+                self.transcript.append(built_decision_entry(model_call, decision))
             self.exhaust("token_budget", self.config.token_budget)
         elif isinstance(decision, AskUser):
             self._on_ask(decision, now)

@@ -96,26 +96,27 @@ class Reasoning:
             )
         usage = meter.usage
         model_calls = meter.model_calls
+        # Positional: a dataclass __init__ with keywords costs nearly twice as much here.
         return RunView(
-            run_id=m.run_id,
-            task=m.task,
-            transcript=Transcript(m.transcript),
-            delivered=delivered,
-            usage=usage,
-            model_calls=model_calls - 1 if m.stage is Stage.REASONING else model_calls,
-            steps=meter.steps,
-            budgets=Budgets(
-                steps_left=cfg.max_steps - meter.steps,
-                model_calls_left=cfg.max_model_calls - model_calls + 1,
-                tokens_left=None if budget is None else max(0, budget - usage.total),
-                seconds_left=seconds_left,
+            m.run_id,
+            m.task,
+            Transcript(m.transcript),
+            delivered,
+            usage,
+            model_calls - 1 if m.stage is Stage.REASONING else model_calls,
+            meter.steps,
+            Budgets(
+                cfg.max_steps - meter.steps,  # steps_left
+                cfg.max_model_calls - model_calls + 1,  # model_calls_left
+                None if budget is None else max(0, budget - usage.total),  # tokens_left
+                seconds_left,
             ),
-            depth=m.depth,
-            parent_run_id=m.parent_run_id,
-            session_id=m.session_id,
-            task_id=m.task_id,
-            tools=caps[0],
-            subagents=caps[1],
+            m.depth,
+            m.parent_run_id,
+            m.session_id,
+            m.task_id,
+            caps[0],  # tools
+            caps[1],  # subagents
         )
 
     def answered(
