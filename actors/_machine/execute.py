@@ -112,7 +112,8 @@ class Execution:
             value = None
         if error is not None and self._should_retry(call, error, now):
             return
-        self.complete(call, value, error, now)
+        # Its timeout timer went above, and no retry timer is pending for an attempt that ran.
+        self.complete(call, value, error, now, timers_done=True)
 
     def child_done(self, call_id: str, outcome: RunOutcome, now: float) -> None:
         """A child run reached its terminal state: its result enters the parent (R7)."""
@@ -340,8 +341,17 @@ class Execution:
         return True
 
     def complete(
-        self, call: Call, value: Any, error: AgentError | None, now: float, *, advance: bool = True
+        self,
+        call: Call,
+        value: Any,
+        error: AgentError | None,
+        now: float,
+        *,
+        advance: bool = True,
+        timers_done: bool = False,
     ) -> None:
+        """The call ends with `value` or `error`; `timers_done`: the caller already dropped its
+        timers (a RUNNING call's); `advance`: dispatch what may start next, or end the plan."""
         m = self._machine
         if call.kind == "subagent":
             assert error is not None  # a child's own outcome arrives through child_done
@@ -361,8 +371,9 @@ class Execution:
         )
         previous = self._plan.finish(call, result)
         if previous is CallStatus.RUNNING:
-            self._fx.unschedule(TimerKind.TOOL_TIMEOUT, call.call_id)
-            self._fx.unschedule(TimerKind.TOOL_RETRY, call.call_id)
+            if not timers_done:
+                self._fx.unschedule(TimerKind.TOOL_TIMEOUT, call.call_id)
+                self._fx.unschedule(TimerKind.TOOL_RETRY, call.call_id)
         elif (
             previous is CallStatus.AWAITING_APPROVAL
             and error is not None
@@ -413,8 +424,9 @@ class Execution:
 
     def _plan_complete(self, now: float) -> None:
         m = self._machine
-        self._fx.unschedule(TimerKind.GRACE, PLAN_KEY)
         plan = self._plan
+        if plan.interrupting:  # only an interrupt sets the plan's grace timer
+            self._fx.unschedule(TimerKind.GRACE, PLAN_KEY)
         for call in plan.calls:
             if call.result is not None:
                 m.add_entry(call.result)

@@ -25,6 +25,7 @@ from steerable.protocol import (
     ToolSpec,
 )
 from steerable.protocol._built import built_plan, built_tool_call
+from steerable.protocol._decisions import PlanStep
 from steerable.protocol._frozen import FrozenDict
 from steerable.protocol._ids import call_id as make_call_id
 from steerable.protocol._ids import idempotency_key
@@ -124,28 +125,29 @@ def recorded_plan(plan: Plan, planned: Planned) -> Plan:
     steps = plan.steps
     calls = planned.calls
     recorded = planned.recorded
-    unchanged = [
-        step.id == call.call_id
-        and (r is None or not isinstance(step, ToolCall) or r is step.arguments)
-        for step, call, r in zip(steps, calls, recorded, strict=True)
-    ]
-    if all(unchanged):
-        return plan
-    # Built without a second validation (protocol/_built.py): every input is a field of the
-    # agent's validated plan, a frozen recorded argument map or a runtime-made call id.
-    new_steps = tuple(
-        step
-        if same
-        else step.model_copy(update={"id": call.call_id})
-        if not isinstance(step, ToolCall)
-        else built_tool_call(
-            step.name,
-            step.arguments if r is None else r,  # r is frozen
-            call.call_id,
+    new_steps: list[PlanStep] | None = None  # made at the first step that changes
+    for index, step in enumerate(steps):
+        call = calls[index]
+        r = recorded[index]
+        same = step.id == call.call_id
+        if same and r is not None and isinstance(step, ToolCall):
+            same = r is step.arguments
+        if same:
+            if new_steps is not None:
+                new_steps.append(step)
+            continue
+        if new_steps is None:
+            new_steps = list(steps[:index])
+        # Built without a second validation (protocol/_built.py): every input is a field of
+        # the agent's validated plan, a frozen recorded argument map or a runtime-made call id.
+        new_steps.append(
+            built_tool_call(step.name, step.arguments if r is None else r, call.call_id)
+            if isinstance(step, ToolCall)
+            else step.model_copy(update={"id": call.call_id})
         )
-        for step, call, r, same in zip(steps, calls, recorded, unchanged, strict=True)
-    )
-    return built_plan(new_steps, plan.usage, plan.thought)
+    if new_steps is None:
+        return plan
+    return built_plan(tuple(new_steps), plan.usage, plan.thought)
 
 
 def _failed(
