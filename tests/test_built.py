@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -17,15 +19,20 @@ from steerable.protocol import (
     SubagentCall,
     ToolCall,
     ToolResult,
+    TranscriptEntry,
     Usage,
+    UserMessage,
 )
 from steerable.protocol._built import (
+    built_budgets,
     built_decision_entry,
     built_plan,
     built_tool_call,
     built_tool_result,
+    built_view,
 )
 from steerable.protocol._frozen import freeze
+from steerable.protocol._view import Budgets, RunView, Transcript
 
 names = st.text(min_size=1, max_size=20)
 ids = st.text(min_size=1, max_size=128)
@@ -190,3 +197,37 @@ def test_built_tool_result_validates_what_is_not_the_machines_own() -> None:
     )
     with pytest.raises(ValidationError):
         built_tool_result("c1", "t", True, 1, {"code": "nope"}, 1, 0.0)  # type: ignore[arg-type]
+
+
+@given(
+    st.integers(min_value=-5, max_value=10**6),
+    st.integers(min_value=-5, max_value=10**6),
+    st.none() | st.integers(min_value=0, max_value=10**9),
+    st.none() | st.floats(min_value=0.0, max_value=1e6),
+    st.integers(min_value=0, max_value=5),
+    st.none() | st.text(max_size=8),
+)
+def test_built_view_equals_constructed(
+    steps_left: int,
+    calls_left: int,
+    tokens_left: int | None,
+    seconds_left: float | None,
+    depth: int,
+    parent: str | None,
+) -> None:
+    budgets = built_budgets(steps_left, calls_left, tokens_left, seconds_left)
+    assert budgets == Budgets(steps_left, calls_left, tokens_left, seconds_left)
+    entries: list[TranscriptEntry] = [UserMessage(seq=0, content="hi")]
+    transcript = Transcript(entries)
+    usage = Usage(input_tokens=1, output_tokens=2)
+    args = ("r", "t", transcript, (), usage, 3, 4, budgets, depth, parent, "s", None, (), ("a",))
+    built = built_view(*args)
+    constructed = RunView(*args)
+    assert built == constructed
+    assert built.call is None
+    assert repr(built) == repr(constructed)
+    assert dataclasses.replace(built, depth=9) == dataclasses.replace(constructed, depth=9)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.depth = 1  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        budgets.steps_left = 1  # type: ignore[misc]

@@ -7,11 +7,12 @@ steering, cancellation, AskUser and approvals in `test_machine_steering.py`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import pytest
 
-from steerable.actors._machine.effects import TimerKind
+from steerable.actors._machine.effects import CallJob, TimerKind, call_job
 from steerable.protocol import (
     HOOK_EVENTS,
     AgentError,
@@ -610,3 +611,12 @@ def test_every_checkpoint_validates(verdict: str | None) -> None:
     r.check_checkpoints()
     for cp in r.fx.checkpoints:
         RunSnapshot.model_validate(cp.snapshot)
+
+
+def test_a_built_call_job_is_the_constructed_one() -> None:
+    args = ("c1.0", "read", {"a": 1}, "idem_x", 2, 5.5)
+    job = call_job(*args)
+    assert job == CallJob(*args)
+    assert repr(job) == repr(CallJob(*args))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.attempt = 3  # type: ignore[misc]

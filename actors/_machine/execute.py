@@ -40,7 +40,7 @@ from .base import (
     timed_out,
 )
 from .children import cancelled_child, child_job, child_result, reserve
-from .effects import CallJob, TimerKind
+from .effects import TimerKind, call_job
 from .parts import EXECUTE, Meter
 from .plan import PlanState
 from .planning import child_run_id, plan_calls, recorded_plan
@@ -301,7 +301,7 @@ class Execution:
         if attempt == 1:
             self._fx.emit(EventKind.TOOL_STARTED, Phase.EXECUTE, events.tool_started(call))
         self._fx.dispatch(
-            CallJob(call.call_id, call.name, call.arguments, call.key, attempt, deadline)
+            call_job(call.call_id, call.name, call.arguments, call.key, attempt, deadline)
         )
 
     def _start_child(self, call: Call, now: float) -> None:

@@ -21,7 +21,8 @@ from steerable.protocol import (
     ToolSpec,
     UserMessage,
 )
-from steerable.protocol._view import Budgets, RunView, Transcript
+from steerable.protocol._built import built_budgets, built_view
+from steerable.protocol._view import RunView, Transcript
 
 from .base import MODEL_KEY, jitter_unit
 from .effects import TimerKind
@@ -96,8 +97,9 @@ class Reasoning:
             )
         usage = meter.usage
         model_calls = meter.model_calls
-        # Positional: a dataclass __init__ with keywords costs nearly twice as much here.
-        return RunView(
+        # Built through the slots (protocol/_built.py): the frozen dataclasses' own __init__
+        # costs three times as much, once per model call.
+        return built_view(
             m.run_id,
             m.task,
             Transcript(m.transcript),
@@ -105,7 +107,7 @@ class Reasoning:
             usage,
             model_calls - 1 if m.stage is Stage.REASONING else model_calls,
             meter.steps,
-            Budgets(
+            built_budgets(
                 cfg.max_steps - meter.steps,  # steps_left
                 cfg.max_model_calls - model_calls + 1,  # model_calls_left
                 None if budget is None else max(0, budget - usage.total),  # tokens_left
