@@ -60,12 +60,24 @@ class Execution:
         meter: The run's meter (shared: it is the one writer of its counters).
     """
 
-    __slots__ = ("_config", "_exec_started", "_fx", "_machine", "_meter", "_plan")
+    __slots__ = (
+        "_config",
+        "_exec_started",
+        "_fx",
+        "_machine",
+        "_max_parallel",
+        "_meter",
+        "_plan",
+        "_step_timeout",
+    )
 
     def __init__(self, machine: RunMachine, meter: Meter) -> None:
         self._machine = machine
         self._fx = machine.fx
-        self._config = machine.config
+        self._config = config = machine.config
+        # Read at every step: plain attributes, not pydantic field reads (RunConfig is frozen).
+        self._max_parallel = config.max_parallel_tools
+        self._step_timeout = config.step_timeout
         self._meter = meter
         self._plan = PlanState()
         self._exec_started = 0.0
@@ -263,7 +275,7 @@ class Execution:
             return
         plan = self._plan
         if not plan.interrupting and m.cancel_reason is None:
-            limit = self._config.max_parallel_tools
+            limit = self._max_parallel
             while plan.running < limit:
                 call = plan.next_pending()
                 if call is None:
@@ -290,9 +302,7 @@ class Execution:
         attempt = self._plan.next_attempt(call)
         spec = call.spec
         timeout = (
-            spec.timeout
-            if spec is not None and spec.timeout is not None
-            else self._config.step_timeout
+            spec.timeout if spec is not None and spec.timeout is not None else self._step_timeout
         )
         deadline = now + timeout
         if m.deadline is not None:

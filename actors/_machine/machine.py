@@ -126,6 +126,9 @@ class RunMachine:
         self.task = task
         self.agent = agent
         self.config = config
+        # Read at every step: plain attributes, not pydantic field reads (RunConfig is frozen).
+        self._max_model_calls = config.max_model_calls
+        self._token_budget = config.token_budget
         self.tools = tools
         self.session_id = session_id
         self.task_id = task_id
@@ -259,6 +262,7 @@ class RunMachine:
             return
         assert decision is not None  # answered: a decision to act on
         meter.decided()
+        usage = decision.usage
         planned = isinstance(decision, Plan) and bool(decision.steps)
         if not planned:
             self.transcript.append(built_decision_entry(model_call, decision))
@@ -269,13 +273,13 @@ class RunMachine:
             {
                 "model_call": model_call,
                 **decision_preview(decision, self.tools),
-                "input_tokens": decision.usage.input_tokens,
-                "output_tokens": decision.usage.output_tokens,
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
             },
         )
         if isinstance(decision, Finish):
             self._on_finish(decision, verdict, now)
-        elif (budget := self.config.token_budget) is not None and meter.usage.total > budget:
+        elif (budget := self._token_budget) is not None and meter.usage.total > budget:
             if planned:
                 self.transcript.append(built_decision_entry(model_call, decision))
             self.exhaust("token_budget", self.config.token_budget)
@@ -405,11 +409,10 @@ class RunMachine:
                 Phase.OBSERVE,
                 {"seq": msg.seq, "content": msg.content, "mode": msg.mode.value},
             )
-        cfg = self.config
-        if self._meter.model_calls >= cfg.max_model_calls:
-            self.exhaust("max_model_calls", cfg.max_model_calls)
+        if self._meter.model_calls >= self._max_model_calls:
+            self.exhaust("max_model_calls", self._max_model_calls)
             return
-        budget = cfg.token_budget
+        budget = self._token_budget
         if budget is not None and self._meter.usage.total >= budget:
             self.exhaust("token_budget", budget)
             return

@@ -102,6 +102,9 @@ class Meter:
         steps: Tool steps executed (subagents' included).
         decisions: Decisions recorded.
         usage: Tokens used (subagents' included).
+        input_tokens: `usage.input_tokens`, as a plain attribute (a pydantic field read costs
+            several times a slot's, and checkpoints read these twice per step).
+        output_tokens: `usage.output_tokens`, likewise.
         model_retries: Retries of the current model call.
         children_started: Subagent runs started.
     """
@@ -113,8 +116,10 @@ class Meter:
         "_started_at",
         "children_started",
         "decisions",
+        "input_tokens",
         "model_calls",
         "model_retries",
+        "output_tokens",
         "steps",
         "usage",
     )
@@ -124,6 +129,7 @@ class Meter:
         self.steps = 0
         self.decisions = 0
         self.usage = _NO_USAGE
+        self.input_tokens = self.output_tokens = 0
         self.model_retries = 0
         self.children_started = 0
         self._counters = dict.fromkeys(COUNTERS, 0)
@@ -162,7 +168,13 @@ class Meter:
     def add_usage(self, usage: Usage) -> None:
         """Tokens a decision reported."""
         if usage.input_tokens or usage.output_tokens:
-            self.usage = self.usage + usage
+            self._use(self.usage + usage)
+
+    def _use(self, usage: Usage) -> None:
+        """The one writer of `usage` and of the token counts that mirror it."""
+        self.usage = usage
+        self.input_tokens = usage.input_tokens
+        self.output_tokens = usage.output_tokens
 
     def decided(self) -> None:
         """A decision was recorded: the model call's retries are over."""
@@ -191,18 +203,18 @@ class Meter:
         self.steps += metrics.steps
         self.model_calls += metrics.model_calls
         if metrics.input_tokens or metrics.output_tokens:
-            self.usage = self.usage + Usage(
-                input_tokens=metrics.input_tokens, output_tokens=metrics.output_tokens
+            self._use(
+                self.usage
+                + Usage(input_tokens=metrics.input_tokens, output_tokens=metrics.output_tokens)
             )
 
     def fields(self) -> dict[str, Any]:
         """The counters as a `RunMetrics` body (plain data: built at every checkpoint)."""
-        usage = self.usage
         return {
             "steps": self.steps,
             "model_calls": self.model_calls,
-            "input_tokens": usage.input_tokens,
-            "output_tokens": usage.output_tokens,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
             "duration_seconds": max(0.0, self._now - self._started_at),
             "phase_seconds": dict(self._phases),
             **self._counters,
@@ -211,15 +223,14 @@ class Meter:
     def snapshot_metrics(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """`fields()`, and what of it a revision keeps (`trimmed_metrics`, protocol/_stored.py:
         the non-zero values no top-level counter repeats), built together per checkpoint."""
-        usage = self.usage
         duration = max(self._now - self._started_at, 0.0)
         phases = dict(self._phases)
         counters = self._counters
         full = {
             "steps": self.steps,
             "model_calls": self.model_calls,
-            "input_tokens": usage.input_tokens,
-            "output_tokens": usage.output_tokens,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
             "duration_seconds": duration,
             "phase_seconds": phases,
             **counters,
@@ -241,7 +252,7 @@ class Meter:
         self.model_retries = model_retries
         self.steps = steps
         self.decisions = decisions
-        self.usage = usage
+        self._use(usage)
         for key in COUNTERS:
             self._counters[key] = getattr(metrics, key)
         self._phases = dict(metrics.phase_seconds)

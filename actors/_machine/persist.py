@@ -167,7 +167,6 @@ class Persistence:
         """
         m = self._machine
         meter = self._meter
-        usage = meter.usage
         metrics, trimmed = meter.snapshot_metrics()
         # str(StrEnum) is the value, and far cheaper than `.value` on this hot path. The
         # first keys are `TEMPLATE_KEYS`, in their order (`templated_body`).
@@ -177,7 +176,7 @@ class Persistence:
             "model_calls": meter.model_calls,
             "model_retries": meter.model_retries,
             "steps": meter.steps,
-            "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
+            "usage": {"input_tokens": meter.input_tokens, "output_tokens": meter.output_tokens},
             "decisions": meter.decisions,
             "transcript_len": len(m.transcript),
             "metrics": trimmed,

@@ -47,7 +47,18 @@ class Reasoning:
         started: When it started (monotonic seconds).
     """
 
-    __slots__ = ("_caps", "_machine", "_meter", "busy", "discarded", "started")
+    __slots__ = (
+        "_caps",
+        "_machine",
+        "_max_model_calls",
+        "_max_steps",
+        "_meter",
+        "_model_timeout",
+        "_token_budget",
+        "busy",
+        "discarded",
+        "started",
+    )
 
     def __init__(self, machine: RunMachine, meter: Meter) -> None:
         self._machine = machine
@@ -56,6 +67,13 @@ class Reasoning:
         self.discarded = False
         self.started = 0.0
         self._caps: tuple[tuple[ToolSpec, ...], tuple[str, ...]] | None = None
+        # Read at every model call: plain attributes, not pydantic field reads (RunConfig is
+        # frozen).
+        cfg = machine.config
+        self._model_timeout = cfg.model_timeout
+        self._max_steps = cfg.max_steps
+        self._max_model_calls = cfg.max_model_calls
+        self._token_budget = cfg.token_budget
 
     def end(self) -> None:
         """The call answered, timed out, or was given up on."""
@@ -72,7 +90,7 @@ class Reasoning:
         m.enter(Stage.REASONING)
         self.busy = True
         self.started = now
-        deadline = now + m.config.model_timeout
+        deadline = now + self._model_timeout
         if m.deadline is not None:
             deadline = min(deadline, m.deadline)
         m.fx.emit(EventKind.REASONING_STARTED, Phase.REASON, {"model_call": model_call})
@@ -82,12 +100,11 @@ class Reasoning:
     def view(self, delivered: tuple[UserMessage, ...] = (), now: float | None = None) -> RunView:
         """What the agent sees now (O(1): the transcript is shared, not copied)."""
         m = self._machine
-        cfg = m.config
         meter = self._meter
         seconds_left = None
         if m.deadline is not None:
             seconds_left = max(0.0, m.deadline - (meter.now if now is None else now))
-        budget = cfg.token_budget
+        budget = self._token_budget
         caps = self._caps
         if caps is None:
             tools = m.tools
@@ -108,8 +125,8 @@ class Reasoning:
             model_calls - 1 if m.stage is Stage.REASONING else model_calls,
             meter.steps,
             built_budgets(
-                cfg.max_steps - meter.steps,  # steps_left
-                cfg.max_model_calls - model_calls + 1,  # model_calls_left
+                self._max_steps - meter.steps,  # steps_left
+                self._max_model_calls - model_calls + 1,  # model_calls_left
                 None if budget is None else max(0, budget - usage.total),  # tokens_left
                 seconds_left,
             ),
