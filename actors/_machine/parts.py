@@ -111,6 +111,7 @@ class Meter:
 
     __slots__ = (
         "_counters",
+        "_nonzero",
         "_now",
         "_phases",
         "_started_at",
@@ -133,6 +134,9 @@ class Meter:
         self.model_retries = 0
         self.children_started = 0
         self._counters = dict.fromkeys(COUNTERS, 0)
+        # The counters that are not zero, in COUNTERS order (what a revision keeps of them):
+        # kept by `count` and `restore`, so a checkpoint copies it instead of filtering.
+        self._nonzero: dict[str, int] = {}
         self._phases: dict[str, float] = {}
         self._started_at = 0.0
         self._now = 0.0
@@ -153,7 +157,14 @@ class Meter:
 
     def count(self, counter: str) -> None:
         """One more of `counter` (one of `COUNTERS`)."""
-        self._counters[counter] += 1
+        counters = self._counters
+        value = counters[counter] + 1
+        counters[counter] = value
+        nonzero = self._nonzero
+        if counter in nonzero:
+            nonzero[counter] = value  # in place: its position stays
+        else:
+            self._nonzero = {key: n for key, n in counters.items() if n}
 
     def add_phase(self, phase: str, seconds: float) -> None:
         """Time spent in `phase` (a `Phase` value: `REASON`, `EXECUTE`)."""
@@ -225,7 +236,6 @@ class Meter:
         the non-zero values no top-level counter repeats), built together per checkpoint."""
         duration = max(self._now - self._started_at, 0.0)
         phases = dict(self._phases)
-        counters = self._counters
         full = {
             "steps": self.steps,
             "model_calls": self.model_calls,
@@ -233,14 +243,12 @@ class Meter:
             "output_tokens": self.output_tokens,
             "duration_seconds": duration,
             "phase_seconds": phases,
-            **counters,
+            **self._counters,
         }
         trimmed: dict[str, Any] = {"duration_seconds": duration} if duration else {}
         if phases:
             trimmed["phase_seconds"] = phases
-        for key, value in counters.items():
-            if value:
-                trimmed[key] = value
+        trimmed.update(self._nonzero)
         return full, trimmed
 
     def restore(
@@ -255,4 +263,5 @@ class Meter:
         self._use(usage)
         for key in COUNTERS:
             self._counters[key] = getattr(metrics, key)
+        self._nonzero = {key: n for key, n in self._counters.items() if n}
         self._phases = dict(metrics.phase_seconds)
