@@ -276,7 +276,7 @@ class Execution:
         plan = self._plan
         if not plan.interrupting and m.cancel_reason is None:
             limit = self._max_parallel
-            while plan.running < limit:
+            while plan.pending and plan.running < limit:
                 call = plan.next_pending()
                 if call is None:
                     break
