@@ -62,7 +62,7 @@ from .parts import Inbox, Meter
 from .persist import Persistence
 from .preview import decision_preview
 from .reasoning import Reasoning
-from .stage import Stage, check_stage
+from .stage import STAGE_SUCCESSORS, Stage, check_stage
 from .stopping import Stopping
 
 __all__ = ["MODEL_KEY", "RunMachine", "ToolLike"]
@@ -126,8 +126,7 @@ class RunMachine:
         self.task = task
         self.agent = agent
         self.config = config
-        # Read at every step: plain attributes, not pydantic field reads (RunConfig is frozen).
-        self._max_model_calls = config.max_model_calls
+        self._max_model_calls = config.max_model_calls  # per step: slots, not pydantic reads
         self._token_budget = config.token_budget
         self.tools = tools
         self.session_id = session_id
@@ -435,8 +434,11 @@ class RunMachine:
         return self._persist.holding
 
     def enter(self, stage: Stage) -> None:
-        """The one writer of the stage: every move is checked against STAGE_TRANSITIONS."""
-        check_stage(self.stage, stage)
+        """The one writer of the stage: every move is checked against STAGE_TRANSITIONS
+        (`check_stage`'s test in line, a few moves per step; it raises on an illegal one)."""
+        current = self.stage
+        if stage is not current and stage not in STAGE_SUCCESSORS[current._value_]:
+            check_stage(current, stage)
         self.stage = stage
 
     def set_state(self, state: RunState, **data: Any) -> None:
