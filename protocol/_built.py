@@ -16,39 +16,73 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._decisions import Plan, PlanStep, ToolCall, Usage
+from pydantic import BaseModel
+
+from ._decisions import AskUser, Finish, Plan, PlanStep, ToolCall, Usage
 from ._errors import AgentError
 from ._frozen import freeze
-from ._messages import ToolResult
+from ._messages import DecisionEntry, ToolResult, UserMessage
+from ._view import Budgets, RunView, Transcript
 
-__all__ = ["built_plan", "built_tool_call", "built_tool_result"]
+__all__ = [
+    "built_budgets",
+    "built_decision_entry",
+    "built_plan",
+    "built_tool_call",
+    "built_tool_result",
+    "built_view",
+]
 
 _new = object.__new__
-_set = object.__setattr__  # the records are frozen: their own __setattr__ refuses
+# The records are frozen (their own __setattr__ refuses): the instance state is set through
+# BaseModel's slot descriptors, which every record shares; a direct descriptor call skips the
+# attribute lookup `object.__setattr__` makes through the record's MRO each time.
+_SLOTS = vars(BaseModel)
+_set_dict = _SLOTS["__dict__"].__set__
+_set_fields = _SLOTS["__pydantic_fields_set__"].__set__
+_set_extra = _SLOTS["__pydantic_extra__"].__set__
+_set_private = _SLOTS["__pydantic_private__"].__set__
 
 
 def built_tool_call(name: str, arguments: Mapping[str, Any], call_id: str) -> ToolCall:
     """`ToolCall(name=..., arguments=..., id=...)` from a validated call's name, frozen arguments
     and a call id of 1-128 characters (the caller's guarantee)."""
     record = _new(ToolCall)
-    _set(record, "__dict__", {"kind": "tool", "name": name, "arguments": arguments, "id": call_id})
-    _set(record, "__pydantic_fields_set__", {"name", "arguments", "id"})
-    _set(record, "__pydantic_extra__", None)
-    _set(record, "__pydantic_private__", None)
+    _set_dict(record, {"kind": "tool", "name": name, "arguments": arguments, "id": call_id})
+    _set_fields(record, {"name", "arguments", "id"})
+    _set_extra(record, None)
+    _set_private(record, None)
     return record
 
 
 def built_plan(steps: tuple[PlanStep, ...], usage: Usage, thought: str) -> Plan:
     """`Plan(steps=..., usage=..., thought=...)` from validated steps, usage and thought."""
     record = _new(Plan)
-    _set(record, "__dict__", {"kind": "plan", "steps": steps, "usage": usage, "thought": thought})
-    _set(record, "__pydantic_fields_set__", {"steps", "usage", "thought"})
-    _set(record, "__pydantic_extra__", None)
-    _set(record, "__pydantic_private__", None)
+    _set_dict(record, {"kind": "plan", "steps": steps, "usage": usage, "thought": thought})
+    _set_fields(record, {"steps", "usage", "thought"})
+    _set_extra(record, None)
+    _set_private(record, None)
     return record
 
 
-_RESULT_FIELDS = frozenset(("call_id", "tool", "ok", "value", "error", "attempts", "duration"))
+_DECISION_TYPES = (Plan, Finish, AskUser)
+
+
+def built_decision_entry(model_call: int, decision: Plan | Finish | AskUser) -> DecisionEntry:
+    """`DecisionEntry(model_call=..., decision=...)` for a validated decision (its own record,
+    kept as it is, as validation keeps it) and the machine's model call number.
+
+    Anything not of the exact types the record holds (a subclass of a decision, a number that
+    is not an int) goes through the validated constructor.
+    """
+    if type(model_call) is not int or type(decision) not in _DECISION_TYPES:
+        return DecisionEntry(model_call=model_call, decision=decision)
+    record = _new(DecisionEntry)
+    _set_dict(record, {"kind": "decision", "model_call": model_call, "decision": decision})
+    _set_fields(record, {"model_call", "decision"})
+    _set_extra(record, None)
+    _set_private(record, None)
+    return record
 
 
 def built_tool_result(
@@ -84,9 +118,8 @@ def built_tool_result(
             duration=duration,
         )
     record = _new(ToolResult)
-    _set(
+    _set_dict(
         record,
-        "__dict__",
         {
             "kind": "tool_result",
             "call_id": call_id,
@@ -98,7 +131,82 @@ def built_tool_result(
             "duration": duration,
         },
     )
-    _set(record, "__pydantic_fields_set__", set(_RESULT_FIELDS))
-    _set(record, "__pydantic_extra__", None)
-    _set(record, "__pydantic_private__", None)
+    _set_fields(record, {"call_id", "tool", "ok", "value", "error", "attempts", "duration"})
+    _set_extra(record, None)
+    _set_private(record, None)
     return record
+
+
+# `RunView` and `Budgets` are frozen slotted dataclasses: their generated __init__ sets each
+# field with `object.__setattr__` (a global and an attribute lookup per field). The builders
+# below call each slot's own descriptor instead: a third of the time for the 15 fields a view
+# has, once per model call (actors/_machine/reasoning.py). tests/test_built.py checks they
+# equal the constructed ones.
+(
+    _v_run_id,
+    _v_task,
+    _v_transcript,
+    _v_delivered,
+    _v_usage,
+    _v_model_calls,
+    _v_steps,
+    _v_budgets,
+    _v_depth,
+    _v_parent_run_id,
+    _v_session_id,
+    _v_task_id,
+    _v_tools,
+    _v_subagents,
+    _v_call,
+) = (vars(RunView)[name].__set__ for name in RunView.__dataclass_fields__)
+_b_steps_left, _b_model_calls_left, _b_tokens_left, _b_seconds_left = (
+    vars(Budgets)[name].__set__ for name in Budgets.__dataclass_fields__
+)
+
+
+def built_budgets(
+    steps_left: int, model_calls_left: int, tokens_left: int | None, seconds_left: float | None
+) -> Budgets:
+    """`Budgets(steps_left, model_calls_left, tokens_left, seconds_left)`."""
+    budgets = _new(Budgets)
+    _b_steps_left(budgets, steps_left)
+    _b_model_calls_left(budgets, model_calls_left)
+    _b_tokens_left(budgets, tokens_left)
+    _b_seconds_left(budgets, seconds_left)
+    return budgets
+
+
+def built_view(
+    run_id: str,
+    task: str,
+    transcript: Transcript,
+    delivered: tuple[UserMessage, ...],
+    usage: Usage,
+    model_calls: int,
+    steps: int,
+    budgets: Budgets,
+    depth: int,
+    parent_run_id: str | None,
+    session_id: str | None,
+    task_id: str | None,
+    tools: tuple[Any, ...],
+    subagents: tuple[str, ...],
+) -> RunView:
+    """`RunView(...)` with every field but `call` (None: the runtime sets it) given in order."""
+    view = _new(RunView)
+    _v_run_id(view, run_id)
+    _v_task(view, task)
+    _v_transcript(view, transcript)
+    _v_delivered(view, delivered)
+    _v_usage(view, usage)
+    _v_model_calls(view, model_calls)
+    _v_steps(view, steps)
+    _v_budgets(view, budgets)
+    _v_depth(view, depth)
+    _v_parent_run_id(view, parent_run_id)
+    _v_session_id(view, session_id)
+    _v_task_id(view, task_id)
+    _v_tools(view, tools)
+    _v_subagents(view, subagents)
+    _v_call(view, None)
+    return view

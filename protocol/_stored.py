@@ -16,8 +16,10 @@ __all__ = [
     "LazyEntries",
     "SnapshotBody",
     "StoredRun",
+    "body_template",
     "dynamic_part",
     "snapshot_body",
+    "templated_body",
     "trimmed_metrics",
 ]
 
@@ -259,6 +261,54 @@ def snapshot_body(
         delivered_seq=-1,
     )
     _update(body, dynamic)
+    _set(body, "metrics", metrics)
+    body.dynamic = dynamic
+    return body
+
+
+TEMPLATE_KEYS: tuple[str, ...] = (
+    "revision",
+    "state",
+    "model_calls",
+    "model_retries",
+    "steps",
+    "usage",
+    "decisions",
+    "transcript_len",
+    "metrics",
+    "updated_at",
+)
+"""The per-revision fields every revision holds (never at a default), in the order a
+`templated_body`'s `dynamic` gives them."""
+_LIST_DEFAULTS = ("pending_messages", "plan", "errors")
+
+
+def body_template(static: dict[str, Any]) -> dict[str, Any]:
+    """A template for `templated_body`: `static`, the defaults, and a placeholder for each of
+    `TEMPLATE_KEYS`, in the key order `snapshot_body` gives a body.
+
+    Read-only (its default lists are shared): a run builds it once.
+    """
+    template = {**static, **SNAPSHOT_DEFAULTS}
+    for key in TEMPLATE_KEYS:
+        template[key] = None
+    return template
+
+
+def templated_body(
+    template: dict[str, Any], dynamic: dict[str, Any], metrics: dict[str, Any]
+) -> SnapshotBody:
+    """`snapshot_body(static, dynamic, metrics)` for a `body_template(static)`, when `dynamic`
+    holds every one of `TEMPLATE_KEYS` first, in that order (then any of the others).
+
+    The same body, built as one copy of the template that no key makes grow (per checkpoint:
+    two per W1 iteration, docs/performance.md "Wave 4: machine CPU, session 6").
+    """
+    body = SnapshotBody(template)
+    _update(body, dynamic)
+    for key in _LIST_DEFAULTS:
+        if key not in dynamic:
+            _set(body, key, [])  # fresh: a body is the caller's
     _set(body, "metrics", metrics)
     body.dynamic = dynamic
     return body

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -9,15 +11,28 @@ from pydantic import ValidationError
 
 from steerable.protocol import (
     AgentError,
+    AskUser,
+    DecisionEntry,
     ErrorCode,
+    Finish,
     Plan,
     SubagentCall,
     ToolCall,
     ToolResult,
+    TranscriptEntry,
     Usage,
+    UserMessage,
 )
-from steerable.protocol._built import built_plan, built_tool_call, built_tool_result
+from steerable.protocol._built import (
+    built_budgets,
+    built_decision_entry,
+    built_plan,
+    built_tool_call,
+    built_tool_result,
+    built_view,
+)
 from steerable.protocol._frozen import freeze
+from steerable.protocol._view import Budgets, RunView, Transcript
 
 names = st.text(min_size=1, max_size=20)
 ids = st.text(min_size=1, max_size=128)
@@ -50,6 +65,41 @@ def test_built_plan_equals_validated(
     assert built.model_fields_set == validated.model_fields_set
 
 
+@given(
+    st.integers(min_value=0, max_value=2**40),
+    st.sampled_from(
+        [
+            Plan(steps=(ToolCall(name="t", arguments={"a": [1]}, id="c1"),), thought="x"),
+            Finish(output={"k": [1, 2]}),
+            AskUser(question="which?"),
+        ]
+    ),
+)
+def test_built_decision_entry_equals_validated(
+    model_call: int, decision: Plan | Finish | AskUser
+) -> None:
+    validated = DecisionEntry(model_call=model_call, decision=decision)
+    built = built_decision_entry(model_call, decision)
+    assert built == validated
+    assert built.decision is decision  # kept as it is, as validation keeps it
+    assert built.model_dump() == validated.model_dump()
+    assert built.model_dump_json() == validated.model_dump_json()
+    assert built.model_fields_set == validated.model_fields_set
+    assert DecisionEntry.model_validate(built.model_dump()) == validated
+
+
+def test_built_decision_entry_validates_what_is_not_exact() -> None:
+    class MyFinish(Finish):
+        pass
+
+    entry = built_decision_entry(True, Finish(output=1))
+    assert type(entry.model_call) is int  # validated: a bool is not kept as the number
+    sub = built_decision_entry(1, MyFinish(output=1))
+    assert sub == DecisionEntry(model_call=1, decision=MyFinish(output=1))
+    with pytest.raises(ValidationError):
+        built_decision_entry("x", Finish(output=1))  # type: ignore[arg-type]
+
+
 def test_built_plan_with_subagent_step_round_trips() -> None:
     sub = SubagentCall(agent="child", task="t", id="c1")
     validated = Plan(steps=(sub,), thought="x")
@@ -61,6 +111,9 @@ def test_built_records_are_frozen() -> None:
     call = built_tool_call("t", freeze({"a": 1}), "c1")
     with pytest.raises(ValidationError):
         call.name = "other"  # type: ignore[misc]
+    entry = built_decision_entry(1, Finish(output=1))
+    with pytest.raises(ValidationError):
+        entry.model_call = 2  # type: ignore[misc]
 
 
 def test_bad_input_still_errors_where_it_enters() -> None:
@@ -144,3 +197,37 @@ def test_built_tool_result_validates_what_is_not_the_machines_own() -> None:
     )
     with pytest.raises(ValidationError):
         built_tool_result("c1", "t", True, 1, {"code": "nope"}, 1, 0.0)  # type: ignore[arg-type]
+
+
+@given(
+    st.integers(min_value=-5, max_value=10**6),
+    st.integers(min_value=-5, max_value=10**6),
+    st.none() | st.integers(min_value=0, max_value=10**9),
+    st.none() | st.floats(min_value=0.0, max_value=1e6),
+    st.integers(min_value=0, max_value=5),
+    st.none() | st.text(max_size=8),
+)
+def test_built_view_equals_constructed(
+    steps_left: int,
+    calls_left: int,
+    tokens_left: int | None,
+    seconds_left: float | None,
+    depth: int,
+    parent: str | None,
+) -> None:
+    budgets = built_budgets(steps_left, calls_left, tokens_left, seconds_left)
+    assert budgets == Budgets(steps_left, calls_left, tokens_left, seconds_left)
+    entries: list[TranscriptEntry] = [UserMessage(seq=0, content="hi")]
+    transcript = Transcript(entries)
+    usage = Usage(input_tokens=1, output_tokens=2)
+    args = ("r", "t", transcript, (), usage, 3, 4, budgets, depth, parent, "s", None, (), ("a",))
+    built = built_view(*args)
+    constructed = RunView(*args)
+    assert built == constructed
+    assert built.call is None
+    assert repr(built) == repr(constructed)
+    assert dataclasses.replace(built, depth=9) == dataclasses.replace(constructed, depth=9)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.depth = 1  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        budgets.steps_left = 1  # type: ignore[misc]

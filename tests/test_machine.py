@@ -7,11 +7,13 @@ steering, cancellation, AskUser and approvals in `test_machine_steering.py`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import pytest
 
-from steerable.actors._machine.effects import TimerKind
+from steerable.actors._machine.effects import CallJob, TimerKind, call_job
+from steerable.actors._machine.parts import Meter
 from steerable.protocol import (
     HOOK_EVENTS,
     AgentError,
@@ -24,6 +26,7 @@ from steerable.protocol import (
     Plan,
     RetryPolicy,
     RunConfig,
+    RunMetrics,
     RunSnapshot,
     RunState,
     SystemNote,
@@ -31,6 +34,7 @@ from steerable.protocol import (
     Usage,
     UserMessage,
 )
+from steerable.protocol._stored import trimmed_metrics
 
 if TYPE_CHECKING:  # mypy resolves the kit as tests.machine_kit (explicit package bases)
     from tests.machine_kit import (
@@ -610,3 +614,29 @@ def test_every_checkpoint_validates(verdict: str | None) -> None:
     r.check_checkpoints()
     for cp in r.fx.checkpoints:
         RunSnapshot.model_validate(cp.snapshot)
+
+
+def test_a_built_call_job_is_the_constructed_one() -> None:
+    args = ("c1.0", "read", {"a": 1}, "idem_x", 2, 5.5)
+    job = call_job(*args)
+    assert job == CallJob(*args)
+    assert repr(job) == repr(CallJob(*args))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.attempt = 3  # type: ignore[misc]
+
+
+def test_the_meters_trimmed_metrics_are_trimmed_metrics_of_the_full_ones() -> None:
+    meter = Meter()
+    meter.start(1.0)
+    for counter in ("checkpoints", "retries", "checkpoints", "late_results_dropped"):
+        meter.count(counter)
+        meter.at(2.5)
+        full, trimmed = meter.snapshot_metrics()
+        expected = trimmed_metrics(full)
+        assert list(trimmed.items()) == list(expected.items())  # same values, same key order
+    meter.restore(
+        model_calls=1, model_retries=0, steps=1, decisions=1, usage=Usage(),
+        metrics=RunMetrics(tool_errors=2, checkpoints=4),
+    )  # fmt: skip
+    full, trimmed = meter.snapshot_metrics()
+    assert list(trimmed.items()) == list(trimmed_metrics(full).items())

@@ -155,9 +155,10 @@ def test_the_running_count_follows_the_calls() -> None:
     seen = []
     while run.fx.running:
         assert state.running == sum(c.status.value == "running" for c in state.calls)
+        assert state.pending == sum(c.status.value == "pending" for c in state.calls)
         seen.append(state.running)
         run.report(next(iter(run.fx.running)), value="ok")
-    assert state.running == 0
+    assert state.running == state.pending == 0
     assert seen == [2, 2, 2, 2, 1]
 
 

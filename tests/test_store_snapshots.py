@@ -30,7 +30,13 @@ from steerable.protocol import (
     UserMessage,
     WaitingFor,
 )
-from steerable.protocol._stored import SnapshotBody, snapshot_body
+from steerable.protocol._stored import (
+    TEMPLATE_KEYS,
+    SnapshotBody,
+    body_template,
+    snapshot_body,
+    templated_body,
+)
 
 
 def _bare() -> dict[str, Any]:
@@ -157,6 +163,30 @@ def test_a_built_body_is_the_full_snapshot_and_carries_its_part(shape: str) -> N
     assert built.dynamic == dynamic_part(dict(built))
     assert dynamic_part(built) is built.dynamic  # the stores take it as it is
     assert RunSnapshot.model_validate(built) == RunSnapshot.model_validate(body)
+
+
+@pytest.mark.parametrize("shape", ["bare", "full"])
+def test_a_templated_body_is_the_built_body(shape: str) -> None:
+    body = _bare() if shape == "bare" else _full()
+    static = {key: body[key] for key in STATIC_KEYS}
+    part = dynamic_part(body)
+    # The run machine's order: the template's keys first, then whatever is not at a default.
+    ordered = {key: part[key] for key in TEMPLATE_KEYS}
+    ordered.update({key: value for key, value in part.items() if key not in ordered})
+    template = body_template(static)
+    expected = snapshot_body(static, dict(ordered), body["metrics"])
+    built = templated_body(template, ordered, body["metrics"])
+    again = templated_body(template, dict(ordered), body["metrics"])
+    assert type(built) is SnapshotBody
+    assert list(built.items()) == list(expected.items())  # same fields, same key order
+    assert built.dynamic is ordered
+    assert dynamic_part(dict(built)) == ordered
+    for key in ("pending_messages", "plan", "errors"):
+        if key in ordered:
+            continue  # the part's own list
+        assert built[key] == []
+        assert built[key] is not again[key]  # each body's default lists are its own
+        assert built[key] is not template[key]
 
 
 def test_changing_a_built_body_keeps_its_part_true() -> None:

@@ -22,7 +22,7 @@ from steerable.protocol import (
     TranscriptEntry,
 )
 
-__all__ = ["CallJob", "ChildJob", "Effects", "TimerKind"]
+__all__ = ["CallJob", "ChildJob", "Effects", "TimerKind", "call_job"]
 
 
 class TimerKind(StrEnum):
@@ -46,6 +46,32 @@ class CallJob:
     idempotency_key: str
     attempt: int
     deadline: float
+
+
+_c_call_id, _c_tool, _c_arguments, _c_key, _c_attempt, _c_deadline = (
+    vars(CallJob)[name].__set__ for name in CallJob.__dataclass_fields__
+)
+_new = object.__new__
+
+
+def call_job(
+    call_id: str,
+    tool: str,
+    arguments: dict[str, Any],
+    idempotency_key: str,
+    attempt: int,
+    deadline: float,
+) -> CallJob:
+    """`CallJob(...)` set through its slots (once per attempt): the frozen dataclass's own
+    __init__ sets each field with `object.__setattr__`, at twice the cost."""
+    job = _new(CallJob)
+    _c_call_id(job, call_id)
+    _c_tool(job, tool)
+    _c_arguments(job, arguments)
+    _c_key(job, idempotency_key)
+    _c_attempt(job, attempt)
+    _c_deadline(job, deadline)
+    return job
 
 
 @dataclass(frozen=True, slots=True)

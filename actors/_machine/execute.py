@@ -15,7 +15,6 @@ from steerable.protocol import (
     AgentError,
     ApprovalDecision,
     CallStatus,
-    DecisionEntry,
     ErrorCode,
     EventKind,
     Phase,
@@ -27,7 +26,7 @@ from steerable.protocol import (
     ToolResult,
     WaitingFor,
 )
-from steerable.protocol._built import built_tool_result
+from steerable.protocol._built import built_decision_entry, built_tool_result
 
 from . import events
 from .base import (
@@ -41,7 +40,7 @@ from .base import (
     timed_out,
 )
 from .children import cancelled_child, child_job, child_result, reserve
-from .effects import CallJob, TimerKind
+from .effects import TimerKind, call_job
 from .parts import EXECUTE, Meter
 from .plan import PlanState
 from .planning import child_run_id, plan_calls, recorded_plan
@@ -61,12 +60,24 @@ class Execution:
         meter: The run's meter (shared: it is the one writer of its counters).
     """
 
-    __slots__ = ("_config", "_exec_started", "_fx", "_machine", "_meter", "_plan")
+    __slots__ = (
+        "_config",
+        "_exec_started",
+        "_fx",
+        "_machine",
+        "_max_parallel",
+        "_meter",
+        "_plan",
+        "_step_timeout",
+    )
 
     def __init__(self, machine: RunMachine, meter: Meter) -> None:
         self._machine = machine
         self._fx = machine.fx
-        self._config = machine.config
+        self._config = config = machine.config
+        # Read at every step: plain attributes, not pydantic field reads (RunConfig is frozen).
+        self._max_parallel = config.max_parallel_tools
+        self._step_timeout = config.step_timeout
         self._meter = meter
         self._plan = PlanState()
         self._exec_started = 0.0
@@ -113,7 +124,8 @@ class Execution:
             value = None
         if error is not None and self._should_retry(call, error, now):
             return
-        self.complete(call, value, error, now)
+        # Its timeout timer went above, and no retry timer is pending for an attempt that ran.
+        self.complete(call, value, error, now, timers_done=True)
 
     def child_done(self, call_id: str, outcome: RunOutcome, now: float) -> None:
         """A child run reached its terminal state: its result enters the parent (R7)."""
@@ -163,19 +175,25 @@ class Execution:
                     meter.count("tool_errors")
                 m.record_result(result, Phase.PLAN)
                 self._fx.journal(result)
-        m.add_entry(DecisionEntry(model_call=model_call, decision=recorded_plan(plan, planned)))
+        # Built without a validation pass (protocol/_built.py): the plan is the agent's
+        # validated decision as `recorded_plan` rebuilt it.
+        m.add_entry(built_decision_entry(model_call, recorded_plan(plan, planned)))
         steps_left = cfg.max_steps - meter.steps
         if planned.executable > steps_left:
             # No half-run plans (docs/contract.md "Budgets at the edge").
             m.exhaust("max_steps", cfg.max_steps, planned=planned.executable, steps_left=steps_left)
             return
-        short = reserve(
-            calls,
-            planned.executable,
-            cfg,
-            steps=meter.steps,
-            model_calls=meter.model_calls,
-            usage=meter.usage,
+        short = (
+            reserve(
+                calls,
+                planned.executable,
+                cfg,
+                steps=meter.steps,
+                model_calls=meter.model_calls,
+                usage=meter.usage,
+            )
+            if planned.children
+            else None  # no child starts: nothing to reserve
         )
         if short is not None:
             # Children cannot get a share of a budget that is used up: no half-run plans.
@@ -257,8 +275,8 @@ class Execution:
             return
         plan = self._plan
         if not plan.interrupting and m.cancel_reason is None:
-            limit = self._config.max_parallel_tools
-            while plan.running < limit:
+            limit = self._max_parallel
+            while plan.pending and plan.running < limit:
                 call = plan.next_pending()
                 if call is None:
                     break
@@ -284,9 +302,7 @@ class Execution:
         attempt = self._plan.next_attempt(call)
         spec = call.spec
         timeout = (
-            spec.timeout
-            if spec is not None and spec.timeout is not None
-            else self._config.step_timeout
+            spec.timeout if spec is not None and spec.timeout is not None else self._step_timeout
         )
         deadline = now + timeout
         if m.deadline is not None:
@@ -295,7 +311,7 @@ class Execution:
         if attempt == 1:
             self._fx.emit(EventKind.TOOL_STARTED, Phase.EXECUTE, events.tool_started(call))
         self._fx.dispatch(
-            CallJob(call.call_id, call.name, call.arguments, call.key, attempt, deadline)
+            call_job(call.call_id, call.name, call.arguments, call.key, attempt, deadline)
         )
 
     def _start_child(self, call: Call, now: float) -> None:
@@ -335,8 +351,17 @@ class Execution:
         return True
 
     def complete(
-        self, call: Call, value: Any, error: AgentError | None, now: float, *, advance: bool = True
+        self,
+        call: Call,
+        value: Any,
+        error: AgentError | None,
+        now: float,
+        *,
+        advance: bool = True,
+        timers_done: bool = False,
     ) -> None:
+        """The call ends with `value` or `error`; `timers_done`: the caller already dropped its
+        timers (a RUNNING call's); `advance`: dispatch what may start next, or end the plan."""
         m = self._machine
         if call.kind == "subagent":
             assert error is not None  # a child's own outcome arrives through child_done
@@ -356,8 +381,9 @@ class Execution:
         )
         previous = self._plan.finish(call, result)
         if previous is CallStatus.RUNNING:
-            self._fx.unschedule(TimerKind.TOOL_TIMEOUT, call.call_id)
-            self._fx.unschedule(TimerKind.TOOL_RETRY, call.call_id)
+            if not timers_done:
+                self._fx.unschedule(TimerKind.TOOL_TIMEOUT, call.call_id)
+                self._fx.unschedule(TimerKind.TOOL_RETRY, call.call_id)
         elif (
             previous is CallStatus.AWAITING_APPROVAL
             and error is not None
@@ -408,8 +434,9 @@ class Execution:
 
     def _plan_complete(self, now: float) -> None:
         m = self._machine
-        self._fx.unschedule(TimerKind.GRACE, PLAN_KEY)
         plan = self._plan
+        if plan.interrupting:  # only an interrupt sets the plan's grace timer
+            self._fx.unschedule(TimerKind.GRACE, PLAN_KEY)
         for call in plan.calls:
             if call.result is not None:
                 m.add_entry(call.result)

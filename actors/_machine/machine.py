@@ -24,7 +24,6 @@ from steerable.protocol import (
     CancelRequest,
     CapabilitySnapshot,
     Compatibility,
-    DecisionEntry,
     ErrorCode,
     EventKind,
     Finish,
@@ -45,6 +44,7 @@ from steerable.protocol import (
     UserMessage,
     WaitingFor,
 )
+from steerable.protocol._built import built_decision_entry
 from steerable.protocol._state import TRANSITIONS
 
 from . import events
@@ -62,7 +62,7 @@ from .parts import Inbox, Meter
 from .persist import Persistence
 from .preview import decision_preview
 from .reasoning import Reasoning
-from .stage import Stage, check_stage
+from .stage import STAGE_SUCCESSORS, Stage, check_stage
 from .stopping import Stopping
 
 __all__ = ["MODEL_KEY", "RunMachine", "ToolLike"]
@@ -126,6 +126,8 @@ class RunMachine:
         self.task = task
         self.agent = agent
         self.config = config
+        self._max_model_calls = config.max_model_calls  # per step: slots, not pydantic reads
+        self._token_budget = config.token_budget
         self.tools = tools
         self.session_id = session_id
         self.task_id = task_id
@@ -259,9 +261,10 @@ class RunMachine:
             return
         assert decision is not None  # answered: a decision to act on
         meter.decided()
+        usage = decision.usage
         planned = isinstance(decision, Plan) and bool(decision.steps)
         if not planned:
-            self.transcript.append(DecisionEntry(model_call=model_call, decision=decision))
+            self.transcript.append(built_decision_entry(model_call, decision))
         self._inbox.seen()  # the agent has decided with them
         self.fx.emit(
             EventKind.REASONING_FINISHED,
@@ -269,15 +272,15 @@ class RunMachine:
             {
                 "model_call": model_call,
                 **decision_preview(decision, self.tools),
-                "input_tokens": decision.usage.input_tokens,
-                "output_tokens": decision.usage.output_tokens,
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
             },
         )
         if isinstance(decision, Finish):
             self._on_finish(decision, verdict, now)
-        elif (budget := self.config.token_budget) is not None and meter.usage.total > budget:
+        elif (budget := self._token_budget) is not None and meter.usage.total > budget:
             if planned:
-                self.transcript.append(DecisionEntry(model_call=model_call, decision=decision))
+                self.transcript.append(built_decision_entry(model_call, decision))
             self.exhaust("token_budget", self.config.token_budget)
         elif isinstance(decision, AskUser):
             self._on_ask(decision, now)
@@ -405,11 +408,10 @@ class RunMachine:
                 Phase.OBSERVE,
                 {"seq": msg.seq, "content": msg.content, "mode": msg.mode.value},
             )
-        cfg = self.config
-        if self._meter.model_calls >= cfg.max_model_calls:
-            self.exhaust("max_model_calls", cfg.max_model_calls)
+        if self._meter.model_calls >= self._max_model_calls:
+            self.exhaust("max_model_calls", self._max_model_calls)
             return
-        budget = cfg.token_budget
+        budget = self._token_budget
         if budget is not None and self._meter.usage.total >= budget:
             self.exhaust("token_budget", budget)
             return
@@ -432,8 +434,11 @@ class RunMachine:
         return self._persist.holding
 
     def enter(self, stage: Stage) -> None:
-        """The one writer of the stage: every move is checked against STAGE_TRANSITIONS."""
-        check_stage(self.stage, stage)
+        """The one writer of the stage: every move is checked against STAGE_TRANSITIONS
+        (`check_stage`'s test in line, a few moves per step; it raises on an illegal one)."""
+        current = self.stage
+        if stage is not current and stage not in STAGE_SUCCESSORS[current._value_]:
+            check_stage(current, stage)
         self.stage = stage
 
     def set_state(self, state: RunState, **data: Any) -> None:

@@ -71,14 +71,18 @@ class Inbox:
         """A decision answered the messages delivered so far."""
         self.unseen = ()
 
-    def fields(self) -> dict[str, Any]:
-        """The inbox's fields of a `RunSnapshot` body."""
+    def add_fields(self, dynamic: dict[str, Any]) -> None:
+        """Add to a revision's per-revision part the inbox's fields not at their default
+        (`fields()` less what `SNAPSHOT_DEFAULTS`, protocol/_stored.py, leaves out)."""
+        last = self.last_seq
         pending = self._pending
-        return {
-            "last_seq": self.last_seq,
-            "delivered_seq": self.last_seq - len(pending),
-            "pending_messages": [m.model_dump(mode="json") for m in pending] if pending else [],
-        }
+        if last != -1:
+            dynamic["last_seq"] = last
+        delivered = last - len(pending) if pending else last
+        if delivered != -1:
+            dynamic["delivered_seq"] = delivered
+        if pending:
+            dynamic["pending_messages"] = [m.model_dump(mode="json") for m in pending]
 
     def restore(self, last_seq: int, pending: Iterable[HostMessage]) -> None:
         """The inbox as a checkpoint stored it."""
@@ -98,19 +102,25 @@ class Meter:
         steps: Tool steps executed (subagents' included).
         decisions: Decisions recorded.
         usage: Tokens used (subagents' included).
+        input_tokens: `usage.input_tokens`, as a plain attribute (a pydantic field read costs
+            several times a slot's, and checkpoints read these twice per step).
+        output_tokens: `usage.output_tokens`, likewise.
         model_retries: Retries of the current model call.
         children_started: Subagent runs started.
     """
 
     __slots__ = (
         "_counters",
+        "_nonzero",
         "_now",
         "_phases",
         "_started_at",
         "children_started",
         "decisions",
+        "input_tokens",
         "model_calls",
         "model_retries",
+        "output_tokens",
         "steps",
         "usage",
     )
@@ -120,9 +130,13 @@ class Meter:
         self.steps = 0
         self.decisions = 0
         self.usage = _NO_USAGE
+        self.input_tokens = self.output_tokens = 0
         self.model_retries = 0
         self.children_started = 0
         self._counters = dict.fromkeys(COUNTERS, 0)
+        # The counters that are not zero, in COUNTERS order (what a revision keeps of them):
+        # kept by `count` and `restore`, so a checkpoint copies it instead of filtering.
+        self._nonzero: dict[str, int] = {}
         self._phases: dict[str, float] = {}
         self._started_at = 0.0
         self._now = 0.0
@@ -143,7 +157,14 @@ class Meter:
 
     def count(self, counter: str) -> None:
         """One more of `counter` (one of `COUNTERS`)."""
-        self._counters[counter] += 1
+        counters = self._counters
+        value = counters[counter] + 1
+        counters[counter] = value
+        nonzero = self._nonzero
+        if counter in nonzero:
+            nonzero[counter] = value  # in place: its position stays
+        else:
+            self._nonzero = {key: n for key, n in counters.items() if n}
 
     def add_phase(self, phase: str, seconds: float) -> None:
         """Time spent in `phase` (a `Phase` value: `REASON`, `EXECUTE`)."""
@@ -158,7 +179,13 @@ class Meter:
     def add_usage(self, usage: Usage) -> None:
         """Tokens a decision reported."""
         if usage.input_tokens or usage.output_tokens:
-            self.usage = self.usage + usage
+            self._use(self.usage + usage)
+
+    def _use(self, usage: Usage) -> None:
+        """The one writer of `usage` and of the token counts that mirror it."""
+        self.usage = usage
+        self.input_tokens = usage.input_tokens
+        self.output_tokens = usage.output_tokens
 
     def decided(self) -> None:
         """A decision was recorded: the model call's retries are over."""
@@ -187,22 +214,42 @@ class Meter:
         self.steps += metrics.steps
         self.model_calls += metrics.model_calls
         if metrics.input_tokens or metrics.output_tokens:
-            self.usage = self.usage + Usage(
-                input_tokens=metrics.input_tokens, output_tokens=metrics.output_tokens
+            self._use(
+                self.usage
+                + Usage(input_tokens=metrics.input_tokens, output_tokens=metrics.output_tokens)
             )
 
     def fields(self) -> dict[str, Any]:
         """The counters as a `RunMetrics` body (plain data: built at every checkpoint)."""
-        usage = self.usage
         return {
             "steps": self.steps,
             "model_calls": self.model_calls,
-            "input_tokens": usage.input_tokens,
-            "output_tokens": usage.output_tokens,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
             "duration_seconds": max(0.0, self._now - self._started_at),
             "phase_seconds": dict(self._phases),
             **self._counters,
         }
+
+    def snapshot_metrics(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """`fields()`, and what of it a revision keeps (`trimmed_metrics`, protocol/_stored.py:
+        the non-zero values no top-level counter repeats), built together per checkpoint."""
+        duration = max(self._now - self._started_at, 0.0)
+        phases = dict(self._phases)
+        full = {
+            "steps": self.steps,
+            "model_calls": self.model_calls,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "duration_seconds": duration,
+            "phase_seconds": phases,
+            **self._counters,
+        }
+        trimmed: dict[str, Any] = {"duration_seconds": duration} if duration else {}
+        if phases:
+            trimmed["phase_seconds"] = phases
+        trimmed.update(self._nonzero)
+        return full, trimmed
 
     def restore(
         self, *, model_calls: int, model_retries: int, steps: int, decisions: int, usage: Usage,
@@ -213,7 +260,8 @@ class Meter:
         self.model_retries = model_retries
         self.steps = steps
         self.decisions = decisions
-        self.usage = usage
+        self._use(usage)
         for key in COUNTERS:
             self._counters[key] = getattr(metrics, key)
+        self._nonzero = {key: n for key, n in self._counters.items() if n}
         self._phases = dict(metrics.phase_seconds)

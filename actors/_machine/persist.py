@@ -26,12 +26,7 @@ from steerable.protocol import (
     UserMessage,
     WaitingFor,
 )
-from steerable.protocol._stored import (
-    SNAPSHOT_DEFAULTS,
-    SnapshotBody,
-    snapshot_body,
-    trimmed_metrics,
-)
+from steerable.protocol._stored import SnapshotBody, body_template, templated_body
 
 from .base import named_error, stopped_by_deadline
 from .parts import Inbox, Meter
@@ -46,7 +41,6 @@ if TYPE_CHECKING:
 __all__ = ["Persistence"]
 
 _DUMPS: dict[int, tuple[Any, dict[str, Any]]] = {}
-_ABSENT = object()
 
 
 def _dumped(record: Any) -> dict[str, Any]:
@@ -82,6 +76,7 @@ class Persistence:
         "_meter",
         "_static",
         "_stopping",
+        "_template",
         "forked_from",
         "holding",
         "parked_revision",
@@ -107,6 +102,7 @@ class Persistence:
         self.forked_from: ForkOrigin | None = None
         self._checkpointed_len = 0
         self._static: dict[str, Any] | None = None  # snapshot fields fixed for the run's life
+        self._template: dict[str, Any] | None = None  # body_template(static), built once
         self._deadline_left: float | None = None
         self._fork_waits = False
         self._deadline_passed = False  # restored: a journaled result says the deadline fired
@@ -171,27 +167,25 @@ class Persistence:
         """
         m = self._machine
         meter = self._meter
-        usage = meter.usage
-        metrics = meter.fields()
-        # str(StrEnum) is the value, and far cheaper than `.value` on this hot path.
+        metrics, trimmed = meter.snapshot_metrics()
+        # str(StrEnum) is the value, and far cheaper than `.value` on this hot path. The
+        # first keys are `TEMPLATE_KEYS`, in their order (`templated_body`).
         dynamic: dict[str, Any] = {
             "revision": self.revision,
             "state": str(m.state),
             "model_calls": meter.model_calls,
             "model_retries": meter.model_retries,
             "steps": meter.steps,
-            "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
+            "usage": {"input_tokens": meter.input_tokens, "output_tokens": meter.output_tokens},
             "decisions": meter.decisions,
             "transcript_len": len(m.transcript),
-            "metrics": trimmed_metrics(metrics),
+            "metrics": trimmed,
             "updated_at": m.created_at,
         }
         waiting = m.waiting_for
         if waiting is not None:
             dynamic["waiting_for"] = str(waiting)
-        for key, value in self._inbox.fields().items():
-            if value != SNAPSHOT_DEFAULTS.get(key, _ABSENT):
-                dynamic[key] = value
+        self._inbox.add_fields(dynamic)
         calls = self._exec.calls
         if calls:
             dynamic["plan"] = [c.snapshot() for c in calls]
@@ -205,7 +199,10 @@ class Persistence:
         if deadline is not None:
             # Signed: an overdue deadline stays overdue on resume (its timer fires at once).
             dynamic["deadline_left"] = deadline - meter.now
-        return snapshot_body(self._static_fields(), dynamic, metrics)
+        template = self._template
+        if template is None:
+            template = self._template = body_template(self._static_fields())
+        return templated_body(template, dynamic, metrics)
 
     # ------------------------------------------------------------------ restore
 
@@ -242,7 +239,7 @@ class Persistence:
             metrics=snap.metrics,
         )
         self.forked_from = fork if fork is not None else snap.forked_from
-        self._static = None
+        self._static = self._template = None
         if fork is not None:
             errors: list[Any] = []
             calls = []

@@ -39,14 +39,24 @@ class PlanState:
     Attributes:
         calls: The calls, in step order (read-only outside this class).
         running: How many calls are RUNNING (derived from the moves below).
+        pending: How many calls are PENDING (likewise): nothing to dispatch while it is 0.
         interrupting: An interrupting message is stopping this plan.
     """
 
-    __slots__ = ("_cursor", "_done", "_index", "_taken", "calls", "interrupting", "running")
+    __slots__ = (
+        "_cursor",
+        "_done",
+        "_index",
+        "_taken",
+        "calls",
+        "interrupting",
+        "pending",
+        "running",
+    )
 
     def __init__(self) -> None:
         self.calls: list[Call] = []
-        self.running = 0
+        self.running = self.pending = 0
         self.interrupting = False
         self._done = 0
         self._index: dict[str, Call] = {}
@@ -57,7 +67,7 @@ class PlanState:
 
     def install(self, calls: list[Call]) -> None:
         """Make `calls` the current plan (their statuses as built or restored)."""
-        running = done = 0
+        running = done = pending = 0
         index: dict[str, Call] = {}
         for call in calls:
             index[call.call_id] = call
@@ -66,9 +76,12 @@ class PlanState:
                 running += 1
             elif status is _DONE:
                 done += 1
+            elif status is _PENDING:
+                pending += 1
         self.calls = calls
         self._index = index
         self.running = running
+        self.pending = pending
         self._done = done
         self._cursor = 0
         self.interrupting = False
@@ -77,7 +90,7 @@ class PlanState:
         """The plan is complete (or was never accepted): no current plan."""
         self.calls = []
         self._index = {}
-        self.running = self._done = self._cursor = 0
+        self.running = self.pending = self._done = self._cursor = 0
         self.interrupting = False
 
     def interrupt(self) -> None:
@@ -159,11 +172,14 @@ class PlanState:
             self.running -= 1
         elif old is _DONE:
             self._done -= 1
+        elif old is _PENDING:
+            self.pending -= 1
         if status is _RUNNING:
             self.running += 1
         elif status is _DONE:
             self._done += 1
         elif status is _PENDING:
+            self.pending += 1
             self._cursor = 0  # a call before the cursor may be pending again
         return old
 

@@ -25,6 +25,7 @@ from steerable.protocol import (
     ToolSpec,
 )
 from steerable.protocol._built import built_plan, built_tool_call
+from steerable.protocol._decisions import PlanStep
 from steerable.protocol._frozen import FrozenDict
 from steerable.protocol._ids import call_id as make_call_id
 from steerable.protocol._ids import idempotency_key
@@ -124,28 +125,29 @@ def recorded_plan(plan: Plan, planned: Planned) -> Plan:
     steps = plan.steps
     calls = planned.calls
     recorded = planned.recorded
-    unchanged = [
-        step.id == call.call_id
-        and (r is None or not isinstance(step, ToolCall) or r is step.arguments)
-        for step, call, r in zip(steps, calls, recorded, strict=True)
-    ]
-    if all(unchanged):
-        return plan
-    # Built without a second validation (protocol/_built.py): every input is a field of the
-    # agent's validated plan, a frozen recorded argument map or a runtime-made call id.
-    new_steps = tuple(
-        step
-        if same
-        else step.model_copy(update={"id": call.call_id})
-        if not isinstance(step, ToolCall)
-        else built_tool_call(
-            step.name,
-            step.arguments if r is None else r,  # r is frozen
-            call.call_id,
+    new_steps: list[PlanStep] | None = None  # made at the first step that changes
+    for index, step in enumerate(steps):
+        call = calls[index]
+        r = recorded[index]
+        same = step.id == call.call_id
+        if same and r is not None and isinstance(step, ToolCall):
+            same = r is step.arguments
+        if same:
+            if new_steps is not None:
+                new_steps.append(step)
+            continue
+        if new_steps is None:
+            new_steps = list(steps[:index])
+        # Built without a second validation (protocol/_built.py): every input is a field of
+        # the agent's validated plan, a frozen recorded argument map or a runtime-made call id.
+        new_steps.append(
+            built_tool_call(step.name, step.arguments if r is None else r, call.call_id)
+            if isinstance(step, ToolCall)
+            else step.model_copy(update={"id": call.call_id})
         )
-        for step, call, r, same in zip(steps, calls, recorded, unchanged, strict=True)
-    )
-    return built_plan(new_steps, plan.usage, plan.thought)
+    if new_steps is None:
+        return plan
+    return built_plan(tuple(new_steps), plan.usage, plan.thought)
 
 
 def _failed(
@@ -170,42 +172,45 @@ def _plan_call(
 
     Returns the call, whether it will execute, and the arguments to record for it.
     """
-    tool = tools.get(step.name)
+    # The step's fields read once: a pydantic field read costs several times a local's.
+    name = step.name
+    raw = step.arguments
+    tool = tools.get(name)
     spec = None if tool is None else tool.spec
-    problem = checked_arguments(step.name, step.arguments, validated=False)
+    problem = checked_arguments(name, raw, validated=False)
     if problem is not None:
         # Nothing of them can be stored: the call records none, the error says why.
-        bad = AgentError.of(ErrorCode.INVALID_ARGUMENTS, problem, tool=step.name, call_id=cid)
-        return _failed(index, cid, step.name, key, spec, {}, bad), False, FrozenDict()
+        bad = AgentError.of(ErrorCode.INVALID_ARGUMENTS, problem, tool=name, call_id=cid)
+        return _failed(index, cid, name, key, spec, {}, bad), False, FrozenDict()
     if tool is None:
-        recorded = recorded_arguments(None, step.arguments, None)
+        recorded = recorded_arguments(None, raw, None)
         unknown = AgentError.of(
             ErrorCode.UNKNOWN_TOOL,
-            f"no tool named {step.name!r}",
-            tool=step.name,
+            f"no tool named {name!r}",
+            tool=name,
             call_id=cid,
             available=sorted(tools),
         )
-        return _failed(index, cid, step.name, key, None, dict(recorded), unknown), False, recorded
+        return _failed(index, cid, name, key, None, dict(recorded), unknown), False, recorded
     error: AgentError | None = None
     try:
-        arguments = tool.validate(step.arguments)
+        arguments = tool.validate(raw)
     except Exception as exc:  # noqa: BLE001 - any validator failure is the agent's bad input
         found = getattr(exc, "error", None)
         error = (
             found
             if isinstance(found, AgentError)
-            else AgentError.of(ErrorCode.INVALID_ARGUMENTS, str(exc), tool=step.name)
+            else AgentError.of(ErrorCode.INVALID_ARGUMENTS, str(exc), tool=name)
         )
     else:
-        problem = checked_arguments(step.name, arguments, validated=True)
+        problem = checked_arguments(name, arguments, validated=True)
         if problem is not None:  # a validator made something no store can keep
-            error = AgentError.of(ErrorCode.INVALID_ARGUMENTS, problem, tool=step.name, call_id=cid)
+            error = AgentError.of(ErrorCode.INVALID_ARGUMENTS, problem, tool=name, call_id=cid)
     if error is not None:
-        recorded = recorded_arguments(spec, step.arguments, None)
-        return _failed(index, cid, step.name, key, spec, dict(recorded), error), False, recorded
-    call = Call(index, cid, "tool", step.name, arguments, key, spec)
-    return call, True, recorded_arguments(spec, step.arguments, arguments)
+        recorded = recorded_arguments(spec, raw, None)
+        return _failed(index, cid, name, key, spec, dict(recorded), error), False, recorded
+    call = Call(index, cid, "tool", name, arguments, key, spec)
+    return call, True, recorded_arguments(spec, raw, arguments)
 
 
 def _plan_subagent(

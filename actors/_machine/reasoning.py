@@ -21,7 +21,8 @@ from steerable.protocol import (
     ToolSpec,
     UserMessage,
 )
-from steerable.protocol._view import Budgets, RunView, Transcript
+from steerable.protocol._built import built_budgets, built_view
+from steerable.protocol._view import RunView, Transcript
 
 from .base import MODEL_KEY, jitter_unit
 from .effects import TimerKind
@@ -46,7 +47,18 @@ class Reasoning:
         started: When it started (monotonic seconds).
     """
 
-    __slots__ = ("_caps", "_machine", "_meter", "busy", "discarded", "started")
+    __slots__ = (
+        "_caps",
+        "_machine",
+        "_max_model_calls",
+        "_max_steps",
+        "_meter",
+        "_model_timeout",
+        "_token_budget",
+        "busy",
+        "discarded",
+        "started",
+    )
 
     def __init__(self, machine: RunMachine, meter: Meter) -> None:
         self._machine = machine
@@ -55,6 +67,13 @@ class Reasoning:
         self.discarded = False
         self.started = 0.0
         self._caps: tuple[tuple[ToolSpec, ...], tuple[str, ...]] | None = None
+        # Read at every model call: plain attributes, not pydantic field reads (RunConfig is
+        # frozen).
+        cfg = machine.config
+        self._model_timeout = cfg.model_timeout
+        self._max_steps = cfg.max_steps
+        self._max_model_calls = cfg.max_model_calls
+        self._token_budget = cfg.token_budget
 
     def end(self) -> None:
         """The call answered, timed out, or was given up on."""
@@ -71,7 +90,7 @@ class Reasoning:
         m.enter(Stage.REASONING)
         self.busy = True
         self.started = now
-        deadline = now + m.config.model_timeout
+        deadline = now + self._model_timeout
         if m.deadline is not None:
             deadline = min(deadline, m.deadline)
         m.fx.emit(EventKind.REASONING_STARTED, Phase.REASON, {"model_call": model_call})
@@ -81,12 +100,11 @@ class Reasoning:
     def view(self, delivered: tuple[UserMessage, ...] = (), now: float | None = None) -> RunView:
         """What the agent sees now (O(1): the transcript is shared, not copied)."""
         m = self._machine
-        cfg = m.config
         meter = self._meter
         seconds_left = None
         if m.deadline is not None:
             seconds_left = max(0.0, m.deadline - (meter.now if now is None else now))
-        budget = cfg.token_budget
+        budget = self._token_budget
         caps = self._caps
         if caps is None:
             tools = m.tools
@@ -96,26 +114,28 @@ class Reasoning:
             )
         usage = meter.usage
         model_calls = meter.model_calls
-        return RunView(
-            run_id=m.run_id,
-            task=m.task,
-            transcript=Transcript(m.transcript),
-            delivered=delivered,
-            usage=usage,
-            model_calls=model_calls - 1 if m.stage is Stage.REASONING else model_calls,
-            steps=meter.steps,
-            budgets=Budgets(
-                steps_left=cfg.max_steps - meter.steps,
-                model_calls_left=cfg.max_model_calls - model_calls + 1,
-                tokens_left=None if budget is None else max(0, budget - usage.total),
-                seconds_left=seconds_left,
+        # Built through the slots (protocol/_built.py): the frozen dataclasses' own __init__
+        # costs three times as much, once per model call.
+        return built_view(
+            m.run_id,
+            m.task,
+            Transcript(m.transcript),
+            delivered,
+            usage,
+            model_calls - 1 if m.stage is Stage.REASONING else model_calls,
+            meter.steps,
+            built_budgets(
+                self._max_steps - meter.steps,  # steps_left
+                self._max_model_calls - model_calls + 1,  # model_calls_left
+                None if budget is None else max(0, budget - usage.total),  # tokens_left
+                seconds_left,
             ),
-            depth=m.depth,
-            parent_run_id=m.parent_run_id,
-            session_id=m.session_id,
-            task_id=m.task_id,
-            tools=caps[0],
-            subagents=caps[1],
+            m.depth,
+            m.parent_run_id,
+            m.session_id,
+            m.task_id,
+            caps[0],  # tools
+            caps[1],  # subagents
         )
 
     def answered(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["STAGE_TRANSITIONS", "Stage", "check_stage"]
+__all__ = ["STAGE_SUCCESSORS", "STAGE_TRANSITIONS", "Stage", "check_stage"]
 
 
 class Stage(Enum):
@@ -44,7 +44,9 @@ STAGE_TRANSITIONS: dict[Stage, frozenset[Stage]] = {
 }
 
 
-_SUCCESSORS = [tuple(STAGE_TRANSITIONS[stage]) for stage in sorted(Stage, key=lambda s: s.value)]
+STAGE_SUCCESSORS = [
+    tuple(STAGE_TRANSITIONS[stage]) for stage in sorted(Stage, key=lambda s: s.value)
+]
 """`STAGE_TRANSITIONS` by stage value, as tuples: the check runs a few times per step, and an
 `Enum` member's hash and `.value` are Python calls (`_value_` is its plain attribute; a
 tuple's `in` compares by identity first)."""
@@ -52,5 +54,5 @@ tuple's `in` compares by identity first)."""
 
 def check_stage(current: Stage, new: Stage) -> None:
     """Raise `RuntimeError` (a defect: the supervisor ends the run) on an illegal move."""
-    if new is not current and new not in _SUCCESSORS[current._value_]:
+    if new is not current and new not in STAGE_SUCCESSORS[current._value_]:
         raise RuntimeError(f"illegal stage move {current.name} -> {new.name}")
