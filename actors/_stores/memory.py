@@ -1,6 +1,9 @@
 """`MemoryStore`: the in-memory default store (split from store.py along its seam).
 
-Records are immutable, so it keeps them as objects rather than bytes; ownership is its
+Records are immutable, so it keeps them as objects rather than bytes, except each revision's
+per-revision body, kept as msgpack bytes (`_Revision`): the collector does not walk bytes, and
+a finished run a host still holds would otherwise keep ~3 tracked dicts per revision for every
+full collection to walk (docs/performance.md, "GC-tracked objects"). Ownership is its
 `LeaseTable`, stored events its per-stream `MemoryEvents` (docs/durability.md).
 """
 
@@ -8,7 +11,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import Any, Final
+
+import msgpack
 
 from steerable.protocol import (
     AgentError,
@@ -38,12 +43,51 @@ from .store import (
 __all__ = ["MemoryStore"]
 
 
+_Revision = tuple[int, str, int, float, bytes | dict[str, Any]]
+"""One stored revision: `(revision, state, transcript_len, updated_at, body)`, what listing reads
+and the per-revision body as msgpack bytes (the dict itself if msgpack cannot pack it). A plain
+tuple of atomic values, so the collector untracks it at its first pass (it never untracks a
+tuple subclass such as a NamedTuple)."""
+_REVISION: Final = 0
+_STATE: Final = 1
+_TRANSCRIPT_LEN: Final = 2
+_UPDATED_AT: Final = 3
+_BODY: Final = 4
+
+
+def _revision(revision: int, dynamic: dict[str, Any]) -> _Revision:
+    body: bytes | dict[str, Any]
+    try:
+        # No `default`: anything msgpack does not carry as itself (a secret, a model, an int
+        # past 64 bits) keeps the dict, so that a load returns what was written.
+        body = msgpack.packb(dynamic, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError):
+        body = dynamic
+    get = dynamic.get  # a body load would refuse is stored as it is: load validates it
+    return (
+        get("revision", revision),
+        str(get("state", "")),
+        get("transcript_len", 0),
+        get("updated_at", 0.0),
+        body,
+    )
+
+
+def _dynamic(stored: _Revision) -> dict[str, Any]:
+    body = stored[_BODY]
+    if type(body) is bytes:
+        unpacked: dict[str, Any] = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        return unpacked
+    assert isinstance(body, dict)
+    return body
+
+
 class _MemRun:
     __slots__ = ("entries", "journal", "message_ids", "messages", "revisions", "static")
 
     def __init__(self) -> None:
         self.static: dict[str, Any] = {}
-        self.revisions: list[dict[str, Any]] = []
+        self.revisions: list[_Revision] = []
         self.entries: list[TranscriptEntry] = []
         self.messages: list[HostMessage] = []
         self.journal: dict[str, ToolResult | SubagentResult] = {}
@@ -155,7 +199,8 @@ class MemoryStore(CheckpointStore):
         on_failed: Callable[[AgentError], None] | None = None,
     ) -> None:
         del on_failed  # stored before this returns, or it raises
-        dynamic = dynamic_part(snapshot)  # what a durable store writes per revision (W4)
+        # What a durable store writes per revision (W4), packed outside the lock.
+        dynamic = _revision(revision, dynamic_part(snapshot))
         with self._lock:
             if not self._leases.check(run_id, self._ttl, snapshot["agent"]):
                 fenced = True
@@ -172,7 +217,7 @@ class MemoryStore(CheckpointStore):
         run_id: str,
         revision: int,
         snapshot: dict[str, Any],
-        dynamic: dict[str, Any],
+        dynamic: _Revision,
         entries_from: int,
         entries: Sequence[TranscriptEntry],
     ) -> None:
@@ -222,7 +267,7 @@ class MemoryStore(CheckpointStore):
             for run_id, run in sorted(self._runs.items()):
                 if not run.revisions or run.static.get("parent_run_id") is not None:
                     continue
-                if RunState(run.revisions[-1]["state"]).is_terminal:
+                if RunState(run.revisions[-1][_STATE]).is_terminal:
                     continue
                 if not self._leases.expired(run_id):
                     continue
@@ -245,11 +290,12 @@ class MemoryStore(CheckpointStore):
             index = len(run.revisions) - 1 if revision is None else revision
             if not 0 <= index < len(run.revisions):
                 raise not_found(run_id, revision)
-            body = {**run.static, **run.revisions[index]}
+            stored = run.revisions[index]
             latest = index == len(run.revisions) - 1
             entries = list(run.entries)
             journal = dict(run.journal) if latest else {}
             messages = list(run.messages)
+        body = {**run.static, **_dynamic(stored)}
         snapshot = _validated(body, run_id=run_id, revision=index)
         return StoredRun(
             snapshot=snapshot,
@@ -267,10 +313,10 @@ class MemoryStore(CheckpointStore):
         return [
             RevisionInfo(
                 run_id=run_id,
-                revision=body["revision"],
-                state=RunState(body["state"]),
-                transcript_len=body["transcript_len"],
-                updated_at=body["updated_at"],
+                revision=body[_REVISION],
+                state=RunState(body[_STATE]),
+                transcript_len=body[_TRANSCRIPT_LEN],
+                updated_at=body[_UPDATED_AT],
             )
             for body in bodies
         ]
@@ -283,12 +329,12 @@ class MemoryStore(CheckpointStore):
         out = [
             RunSummary(
                 run_id=run_id,
-                state=RunState(body["state"]),
-                revision=body["revision"],
+                state=RunState(body[_STATE]),
+                revision=body[_REVISION],
                 task=static["task"],
                 agent=static["agent"],
                 parent_run_id=static["parent_run_id"],
-                updated_at=body["updated_at"],
+                updated_at=body[_UPDATED_AT],
             )
             for run_id, static, body in latest
         ]
