@@ -20,11 +20,14 @@ from steerable.protocol import (
     HostMessage,
     RunEvent,
     RunState,
+    SteerableError,
     StoredRun,
     SubagentResult,
     ToolResult,
     TranscriptEntry,
 )
+from steerable.protocol._codec import _MASK, _MEMBERS, MAX_MESSAGE_BYTES, _pack, decode
+from steerable.protocol._stored import LazyEntries
 
 from .events import EventRecord, MemoryEvents
 from .lease import Lease, LeaseTable, Owner
@@ -36,6 +39,7 @@ from .store import (
     RunSummary,
     _validated,
     check_record,
+    corrupt_row,
     dynamic_part,
     not_found,
 )
@@ -82,13 +86,33 @@ def _dynamic(stored: _Revision) -> dict[str, Any]:
     return body
 
 
+_ENTRY_TYPES = frozenset(_MEMBERS["entry"])
+
+
+def _packed_entry(entry: Any) -> Any:
+    """An entry as a durable store encodes it, or the entry itself if that would change it.
+
+    A record holding a secret stays an object (the codec would store a reference in its
+    place, and a load would not return the secret), as does one the codec refuses.
+    """
+    if type(entry) not in _ENTRY_TYPES:
+        return entry  # bytes already, or a record the "entry" kind does not carry
+    try:
+        data = _pack("entry", type(entry).__pydantic_serializer__.to_python(entry, mode="json"))
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        return entry
+    if _MASK in data or len(data) > MAX_MESSAGE_BYTES:
+        return entry
+    return data
+
+
 class _MemRun:
     __slots__ = ("entries", "journal", "message_ids", "messages", "revisions", "static")
 
     def __init__(self) -> None:
         self.static: dict[str, Any] = {}
         self.revisions: list[_Revision] = []
-        self.entries: list[TranscriptEntry] = []
+        self.entries: list[Any] = []  # TranscriptEntry, or its bytes once the run ended
         self.messages: list[HostMessage] = []
         self.journal: dict[str, ToolResult | SubagentResult] = {}
         self.message_ids: dict[str, int] = {}
@@ -209,8 +233,33 @@ class MemoryStore(CheckpointStore):
                 self._store_checkpoint(run_id, revision, snapshot, dynamic, entries_from, entries)
         if fenced:
             self._fenced([run_id])
-        elif on_stored is not None:
+            return
+        if on_stored is not None:
             on_stored()
+        if snapshot["state"] in TERMINAL_STATES:
+            self._pack_entries(run_id)
+
+    def _pack_entries(self, run_id: str) -> None:
+        """Keep an ended run's transcript encoded, as a durable store keeps it.
+
+        A finished run's entries are pydantic models (three or more objects each the collector
+        tracks: the model, its `__dict__`, its `__pydantic_fields_set__`, and nested models),
+        kept while anyone may load the run and walked by every full collection; bytes are not
+        walked (docs/performance.md, "GC-tracked objects"). A load hands them out as
+        `LazyEntries`, decoded as they are read, as the durable stores do. Encoded outside the
+        lock; an entry rewritten meanwhile keeps its new value.
+        """
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                return
+            entries = run.entries
+            todo = [(i, e) for i, e in enumerate(entries) if type(e) is not bytes]
+        packed = [(i, e, _packed_entry(e)) for i, e in todo]
+        with self._lock:
+            for i, entry, data in packed:
+                if data is not entry and i < len(entries) and entries[i] is entry:
+                    entries[i] = data
 
     def _store_checkpoint(
         self,
@@ -297,9 +346,21 @@ class MemoryStore(CheckpointStore):
             messages = list(run.messages)
         body = {**run.static, **_dynamic(stored)}
         snapshot = _validated(body, run_id=run_id, revision=index)
+        transcript: Sequence[Any] = entries[: snapshot.transcript_len]
+        if any(type(e) is bytes for e in transcript):
+
+            def entry(i: int, blob: bytes) -> TranscriptEntry:
+                try:
+                    record: TranscriptEntry = decode(blob, kind="entry")
+                except SteerableError as exc:
+                    raise corrupt_row(run_id, index, f"entry {i}: {exc.error.message}") from None
+                return record
+
+            # LazyEntries keeps what is not bytes as it is (a record left as an object).
+            transcript = LazyEntries(transcript, entry)
         return StoredRun(
             snapshot=snapshot,
-            transcript=entries[: snapshot.transcript_len],
+            transcript=transcript,
             journal=journal,
             messages=[m for m in messages if m.seq > snapshot.last_seq] if latest else [],
         )
