@@ -87,6 +87,10 @@ def _dynamic(stored: _Revision) -> dict[str, Any]:
 
 
 _ENTRY_TYPES = frozenset(_MEMBERS["entry"])
+_PACK_AT_END = 256
+"""An ended run's transcript is kept encoded up to this many entries (~6 µs each, ~1.5 ms of
+CPU at most on the supervisor's thread that writes the last checkpoint); a longer one keeps its
+records as objects, so that no run's end stalls that thread for tens of milliseconds."""
 
 
 def _packed_entry(entry: Any) -> Any:
@@ -247,13 +251,16 @@ class MemoryStore(CheckpointStore):
         kept while anyone may load the run and walked by every full collection; bytes are not
         walked (docs/performance.md, "GC-tracked objects"). A load hands them out as
         `LazyEntries`, decoded as they are read, as the durable stores do. Encoded outside the
-        lock; an entry rewritten meanwhile keeps its new value.
+        lock; an entry rewritten meanwhile keeps its new value. Only up to `_PACK_AT_END`
+        entries.
         """
         with self._lock:
             run = self._runs.get(run_id)
             if run is None:
                 return
             entries = run.entries
+            if len(entries) > _PACK_AT_END:
+                return
             todo = [(i, e) for i, e in enumerate(entries) if type(e) is not bytes]
         packed = [(i, e, _packed_entry(e)) for i, e in todo]
         with self._lock:
