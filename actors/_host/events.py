@@ -5,7 +5,11 @@ The supervisor appends raw values (cheap: no model is built on its thread); read
 kind's and phase's values, not the enum members, the time, the run ids and the `data` dict):
 an append makes no object the collector tracks beyond the data dict, and a flat dict is never
 tracked, so a long history costs the collector nothing (a per-event tuple holding a dict or
-an enum would stay tracked, and be walked by every full collection).
+an enum would stay tracked, and be walked by every full collection). When the log closes,
+each data dict the collector still tracks (one holding a list or a dict, e.g. a plan's
+steps) is replaced by its msgpack bytes, decoded again for a late reader: a finished run whose
+handle is held keeps nothing of its history for full collections to walk (docs/performance.md,
+"GC-tracked objects").
 
 Sync readers wait on a condition; async readers await a `concurrent.futures.Future` through
 `asyncio.wrap_future`, so no event loop is ever blocked (docs/pykka.md T10). History is kept up
@@ -20,9 +24,13 @@ import concurrent.futures
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
+from gc import is_tracked as gc_is_tracked
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+import msgpack
+
+from steerable.actors._machine.preview import NO_ARGUMENTS
 from steerable.actors._observe.feed import Feed, build_event
 from steerable.protocol import EventKind, Phase, RunEvent
 
@@ -38,6 +46,38 @@ _SLOTS = 6
 _RUN_ENDED = EventKind.RUN_ENDED.value
 _MODEL_DELTA = EventKind.MODEL_DELTA.value
 _CUSTOM = EventKind.CUSTOM.value
+
+
+def _pack_history(cols: deque[Any]) -> None:
+    """Replace each data dict the collector tracks by its msgpack bytes (a closed log's)."""
+    slots = list(cols)
+    packed = False
+    for i in range(_SLOTS - 1, len(slots), _SLOTS):
+        data = slots[i]
+        if gc_is_tracked(data):  # a dict of atomic values is not: it stays as it is
+            try:
+                # No `default`: what msgpack does not carry as itself keeps the dict, so a
+                # reader gets what was appended (as JSON encodes it, lists for tuples).
+                slots[i] = msgpack.packb(data, use_bin_type=True)
+            except (TypeError, ValueError, OverflowError):
+                continue
+            packed = True
+    if packed:
+        cols.clear()
+        cols.extend(slots)
+
+
+def _unpack(data: bytes) -> dict[str, Any]:
+    unpacked: dict[str, Any] = msgpack.unpackb(
+        data, raw=False, strict_map_key=False, object_hook=_shared_empty
+    )
+    return unpacked
+
+
+def _shared_empty(mapping: dict[str, Any]) -> Any:
+    # An empty mapping comes back as the machine's shared, unchangeable one (a call without
+    # arguments holds it, tests/test_event_payloads.py): equal to `{}` and a dict as before.
+    return mapping if mapping else NO_ARGUMENTS
 
 
 class EventLog:
@@ -162,7 +202,15 @@ class EventLog:
         else:
             tail = islice(cols, len(cols) - want, None)
         return [
-            (seq, kind, phase, at, data, run_id, parent)
+            (
+                seq,
+                kind,
+                phase,
+                at,
+                data if type(data) is not bytes else _unpack(data),
+                run_id,
+                parent,
+            )
             for seq, (kind, phase, at, run_id, parent, data) in enumerate(
                 zip(*([tail] * _SLOTS), strict=True), begin
             )
@@ -208,6 +256,8 @@ class EventLog:
     def close(self) -> None:
         """No more events will come (the run, or the whole tree, is terminal)."""
         with self._lock:
+            if not self._closed:
+                _pack_history(self._cols)
             self._closed = True
             waiters, self._waiters = self._waiters, []
             if self._cond is not None:

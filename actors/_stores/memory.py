@@ -1,6 +1,9 @@
 """`MemoryStore`: the in-memory default store (split from store.py along its seam).
 
-Records are immutable, so it keeps them as objects rather than bytes; ownership is its
+Records are immutable, so it keeps them as objects rather than bytes, except each revision's
+per-revision body, kept as msgpack bytes (`_Revision`): the collector does not walk bytes, and
+a finished run a host still holds would otherwise keep ~3 tracked dicts per revision for every
+full collection to walk (docs/performance.md, "GC-tracked objects"). Ownership is its
 `LeaseTable`, stored events its per-stream `MemoryEvents` (docs/durability.md).
 """
 
@@ -8,18 +11,23 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import Any, Final
+
+import msgpack
 
 from steerable.protocol import (
     AgentError,
     HostMessage,
     RunEvent,
     RunState,
+    SteerableError,
     StoredRun,
     SubagentResult,
     ToolResult,
     TranscriptEntry,
 )
+from steerable.protocol._codec import _MASK, _MEMBERS, MAX_MESSAGE_BYTES, _pack, decode
+from steerable.protocol._stored import LazyEntries
 
 from .events import EventRecord, MemoryEvents
 from .lease import Lease, LeaseTable, Owner
@@ -31,6 +39,7 @@ from .store import (
     RunSummary,
     _validated,
     check_record,
+    corrupt_row,
     dynamic_part,
     not_found,
 )
@@ -38,13 +47,76 @@ from .store import (
 __all__ = ["MemoryStore"]
 
 
+_Revision = tuple[int, str, int, float, bytes | dict[str, Any]]
+"""One stored revision: `(revision, state, transcript_len, updated_at, body)`, what listing reads
+and the per-revision body as msgpack bytes (the dict itself if msgpack cannot pack it). A plain
+tuple of atomic values, so the collector untracks it at its first pass (it never untracks a
+tuple subclass such as a NamedTuple)."""
+_REVISION: Final = 0
+_STATE: Final = 1
+_TRANSCRIPT_LEN: Final = 2
+_UPDATED_AT: Final = 3
+_BODY: Final = 4
+
+
+def _revision(revision: int, dynamic: dict[str, Any]) -> _Revision:
+    body: bytes | dict[str, Any]
+    try:
+        # No `default`: anything msgpack does not carry as itself (a secret, a model, an int
+        # past 64 bits) keeps the dict, so that a load returns what was written.
+        body = msgpack.packb(dynamic, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError):
+        body = dynamic
+    get = dynamic.get  # a body load would refuse is stored as it is: load validates it
+    return (
+        get("revision", revision),
+        str(get("state", "")),
+        get("transcript_len", 0),
+        get("updated_at", 0.0),
+        body,
+    )
+
+
+def _dynamic(stored: _Revision) -> dict[str, Any]:
+    body = stored[_BODY]
+    if type(body) is bytes:
+        unpacked: dict[str, Any] = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        return unpacked
+    assert isinstance(body, dict)
+    return body
+
+
+_ENTRY_TYPES = frozenset(_MEMBERS["entry"])
+_PACK_AT_END = 256
+"""An ended run's transcript is kept encoded up to this many entries (~6 µs each, ~1.5 ms of
+CPU at most on the supervisor's thread that writes the last checkpoint); a longer one keeps its
+records as objects, so that no run's end stalls that thread for tens of milliseconds."""
+
+
+def _packed_entry(entry: Any) -> Any:
+    """An entry as a durable store encodes it, or the entry itself if that would change it.
+
+    A record holding a secret stays an object (the codec would store a reference in its
+    place, and a load would not return the secret), as does one the codec refuses.
+    """
+    if type(entry) not in _ENTRY_TYPES:
+        return entry  # bytes already, or a record the "entry" kind does not carry
+    try:
+        data = _pack("entry", type(entry).__pydantic_serializer__.to_python(entry, mode="json"))
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        return entry
+    if _MASK in data or len(data) > MAX_MESSAGE_BYTES:
+        return entry
+    return data
+
+
 class _MemRun:
     __slots__ = ("entries", "journal", "message_ids", "messages", "revisions", "static")
 
     def __init__(self) -> None:
         self.static: dict[str, Any] = {}
-        self.revisions: list[dict[str, Any]] = []
-        self.entries: list[TranscriptEntry] = []
+        self.revisions: list[_Revision] = []
+        self.entries: list[Any] = []  # TranscriptEntry, or its bytes once the run ended
         self.messages: list[HostMessage] = []
         self.journal: dict[str, ToolResult | SubagentResult] = {}
         self.message_ids: dict[str, int] = {}
@@ -155,7 +227,8 @@ class MemoryStore(CheckpointStore):
         on_failed: Callable[[AgentError], None] | None = None,
     ) -> None:
         del on_failed  # stored before this returns, or it raises
-        dynamic = dynamic_part(snapshot)  # what a durable store writes per revision (W4)
+        # What a durable store writes per revision (W4), packed outside the lock.
+        dynamic = _revision(revision, dynamic_part(snapshot))
         with self._lock:
             if not self._leases.check(run_id, self._ttl, snapshot["agent"]):
                 fenced = True
@@ -164,15 +237,43 @@ class MemoryStore(CheckpointStore):
                 self._store_checkpoint(run_id, revision, snapshot, dynamic, entries_from, entries)
         if fenced:
             self._fenced([run_id])
-        elif on_stored is not None:
+            return
+        if on_stored is not None:
             on_stored()
+        if snapshot["state"] in TERMINAL_STATES:
+            self._pack_entries(run_id)
+
+    def _pack_entries(self, run_id: str) -> None:
+        """Keep an ended run's transcript encoded, as a durable store keeps it.
+
+        A finished run's entries are pydantic models (three or more objects each the collector
+        tracks: the model, its `__dict__`, its `__pydantic_fields_set__`, and nested models),
+        kept while anyone may load the run and walked by every full collection; bytes are not
+        walked (docs/performance.md, "GC-tracked objects"). A load hands them out as
+        `LazyEntries`, decoded as they are read, as the durable stores do. Encoded outside the
+        lock; an entry rewritten meanwhile keeps its new value. Only up to `_PACK_AT_END`
+        entries.
+        """
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                return
+            entries = run.entries
+            if len(entries) > _PACK_AT_END:
+                return
+            todo = [(i, e) for i, e in enumerate(entries) if type(e) is not bytes]
+        packed = [(i, e, _packed_entry(e)) for i, e in todo]
+        with self._lock:
+            for i, entry, data in packed:
+                if data is not entry and i < len(entries) and entries[i] is entry:
+                    entries[i] = data
 
     def _store_checkpoint(
         self,
         run_id: str,
         revision: int,
         snapshot: dict[str, Any],
-        dynamic: dict[str, Any],
+        dynamic: _Revision,
         entries_from: int,
         entries: Sequence[TranscriptEntry],
     ) -> None:
@@ -222,7 +323,7 @@ class MemoryStore(CheckpointStore):
             for run_id, run in sorted(self._runs.items()):
                 if not run.revisions or run.static.get("parent_run_id") is not None:
                     continue
-                if RunState(run.revisions[-1]["state"]).is_terminal:
+                if RunState(run.revisions[-1][_STATE]).is_terminal:
                     continue
                 if not self._leases.expired(run_id):
                     continue
@@ -245,15 +346,28 @@ class MemoryStore(CheckpointStore):
             index = len(run.revisions) - 1 if revision is None else revision
             if not 0 <= index < len(run.revisions):
                 raise not_found(run_id, revision)
-            body = {**run.static, **run.revisions[index]}
+            stored = run.revisions[index]
             latest = index == len(run.revisions) - 1
             entries = list(run.entries)
             journal = dict(run.journal) if latest else {}
             messages = list(run.messages)
+        body = {**run.static, **_dynamic(stored)}
         snapshot = _validated(body, run_id=run_id, revision=index)
+        transcript: Sequence[Any] = entries[: snapshot.transcript_len]
+        if any(type(e) is bytes for e in transcript):
+
+            def entry(i: int, blob: bytes) -> TranscriptEntry:
+                try:
+                    record: TranscriptEntry = decode(blob, kind="entry")
+                except SteerableError as exc:
+                    raise corrupt_row(run_id, index, f"entry {i}: {exc.error.message}") from None
+                return record
+
+            # LazyEntries keeps what is not bytes as it is (a record left as an object).
+            transcript = LazyEntries(transcript, entry)
         return StoredRun(
             snapshot=snapshot,
-            transcript=entries[: snapshot.transcript_len],
+            transcript=transcript,
             journal=journal,
             messages=[m for m in messages if m.seq > snapshot.last_seq] if latest else [],
         )
@@ -267,10 +381,10 @@ class MemoryStore(CheckpointStore):
         return [
             RevisionInfo(
                 run_id=run_id,
-                revision=body["revision"],
-                state=RunState(body["state"]),
-                transcript_len=body["transcript_len"],
-                updated_at=body["updated_at"],
+                revision=body[_REVISION],
+                state=RunState(body[_STATE]),
+                transcript_len=body[_TRANSCRIPT_LEN],
+                updated_at=body[_UPDATED_AT],
             )
             for body in bodies
         ]
@@ -283,12 +397,12 @@ class MemoryStore(CheckpointStore):
         out = [
             RunSummary(
                 run_id=run_id,
-                state=RunState(body["state"]),
-                revision=body["revision"],
+                state=RunState(body[_STATE]),
+                revision=body[_REVISION],
                 task=static["task"],
                 agent=static["agent"],
                 parent_run_id=static["parent_run_id"],
-                updated_at=body["updated_at"],
+                updated_at=body[_UPDATED_AT],
             )
             for run_id, static, body in latest
         ]

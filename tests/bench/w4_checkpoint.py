@@ -119,8 +119,8 @@ def _size(item: Any, kind: str = "entry") -> int:
     """Encoded size of one stored item: bytes as is, records and dicts as the codec writes them."""
     if isinstance(item, bytes | bytearray):
         return len(item)
-    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], bytes):
-        return len(item[1])  # (seq, blob)
+    if isinstance(item, tuple) and item and isinstance(item[-1], bytes | dict):
+        return _size(item[-1])  # (seq, blob); a MemoryStore revision (..., body)
     if isinstance(item, dict):
         return len(encode_body("snapshot", item))
     return len(encode(item, kind=kind))

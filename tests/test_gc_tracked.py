@@ -1,0 +1,122 @@
+"""What a finished run keeps for the cyclic collector to walk (docs/performance.md, "Wave 4:
+GC-tracked objects, session 6"): the `MemoryStore` keeps revisions and an ended run's
+transcript as bytes, a closed event log its nested data as bytes; what readers get is equal."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import SecretStr
+
+from steerable.actors import MemoryStore, Runtime, tool
+from steerable.actors._host.events import EventLog
+from steerable.actors._machine.preview import NO_ARGUMENTS
+from steerable.actors.testing import ScriptedAgent
+from steerable.protocol import (
+    AgentError,
+    EventKind,
+    Finish,
+    Phase,
+    Plan,
+    RunState,
+    ToolCall,
+    ToolResult,
+    TranscriptEntry,
+)
+
+WAIT = 10.0
+
+
+@tool(side_effect="none")
+def echo(text: str) -> str:
+    return text.upper()
+
+
+@tool(side_effect="none")
+def secret() -> SecretStr:
+    return SecretStr("hunter2")
+
+
+class _Recording(MemoryStore):
+    """Keeps the entries each checkpoint hands over, as the machine made them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[TranscriptEntry] = []
+
+    def write_checkpoint(
+        self,
+        run_id: str,
+        revision: int,
+        snapshot: dict[str, Any],
+        entries_from: int,
+        entries: Sequence[TranscriptEntry],
+        on_stored: Callable[[], None] | None = None,
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
+        del self.written[entries_from:]
+        self.written.extend(entries)
+        super().write_checkpoint(
+            run_id, revision, snapshot, entries_from, entries, on_stored, on_failed=on_failed
+        )
+
+
+def _plan(*calls: ToolCall) -> Plan:
+    return Plan(steps=calls)
+
+
+def test_an_ended_runs_revisions_and_transcript_are_kept_untracked_and_load_equal() -> None:
+    store = _Recording()
+    agent = ScriptedAgent(
+        [
+            _plan(ToolCall(name="echo", arguments={"text": "a"})),
+            _plan(ToolCall(name="echo", arguments={"text": "b"})),
+            Finish(output="done"),
+        ]
+    )
+    with Runtime(tools=[echo], store=store) as rt:
+        handle = rt.start("task", agent=agent)
+        assert handle.result(timeout=WAIT).state is RunState.FINISHED
+        run_id = handle.run_id
+        loaded = store.load(run_id)
+        assert list(loaded.transcript) == store.written
+        assert loaded.transcript[0] == store.written[0]
+        revisions = store.revisions(run_id)
+        for info in revisions:  # an earlier revision loads as it was written
+            assert store.load(run_id, info.revision).snapshot.state is info.state
+        gc.collect()
+        kept = store._runs[run_id]
+        assert not any(gc.is_tracked(r) for r in kept.revisions)
+        assert all(type(e) is bytes for e in kept.entries)
+
+
+def test_an_entry_holding_a_secret_is_kept_as_an_object() -> None:
+    store = MemoryStore()
+    agent = ScriptedAgent([_plan(ToolCall(name="secret")), Finish(output="done")])
+    with Runtime(tools=[secret], store=store) as rt:
+        handle = rt.start("task", agent=agent)
+        assert handle.result(timeout=WAIT).state is RunState.FINISHED
+        transcript = store.load(handle.run_id).transcript
+        results = [e for e in transcript if isinstance(e, ToolResult)]
+        assert len(results) == 1
+        assert results[0].ok
+        assert not isinstance(store._runs[handle.run_id].entries[1], bytes)
+
+
+def test_a_closed_log_reads_what_was_appended_with_nested_data_untracked() -> None:
+    log = EventLog("t" * 32)
+    nested = {"steps": [{"tool": "echo", "arguments": {"text": "a"}}], "n": 1}
+    flat = {"tool": "echo", "value": "A"}
+    empty = {"call_id": "c1", "arguments": NO_ARGUMENTS}
+    for data in (nested, flat, empty):
+        log.append("run_1", EventKind.CUSTOM, Phase.EXECUTE, 1.0, data)
+    before = [raw[4] for raw in log._records(0)]
+    log.close()
+    gc.collect()
+    assert not any(gc.is_tracked(slot) for slot in log._cols)
+    after = [raw[4] for raw in log._records(0)]
+    assert after == before
+    assert after[2]["arguments"] is NO_ARGUMENTS  # still the shared, unchangeable mapping
