@@ -8,21 +8,27 @@ are read (docs/durability.md, "Stored events").
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import deque
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 from pydantic_core import to_jsonable_python
 
 from steerable.actors._engine.log import get_logger
-from steerable.protocol import EventKind, Phase, RunEvent
+from steerable.protocol import AgentError, EventKind, Phase, RunEvent
 from steerable.protocol.codec import redact
 
 __all__ = [
     "DEFAULT_EVENT_RETENTION",
+    "EVENTS_WAKE",
+    "EVENT_DELAY",
     "EventRecord",
+    "EventWindow",
     "MemoryEvents",
+    "WindowedEvents",
     "event_body",
     "event_of",
     "storable",
@@ -188,3 +194,82 @@ def _packed(trace_id: str, rows: list[EventRecord]) -> tuple[bytes, list[EventRe
 def _jsonable(value: Any) -> Any:
     # What the codec does with a value msgpack cannot pack itself (docs/checkpoint-format.md).
     return to_jsonable_python(redact(value), inf_nan_mode="constants")
+
+
+EVENT_DELAY = 0.02
+"""Seconds stored events wait for a store's writer at most: the events of that window are
+encoded and written together, with whatever else the writer commits then."""
+
+EVENTS_WAKE = object()
+"""Queued for the writer when events start waiting (once per window, not once per batch)."""
+
+
+class EventWindow:
+    """The stored events waiting for a store's writer thread (one per store object)."""
+
+    __slots__ = ("_lock", "_pending", "_since")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[tuple[Any, Any, Any]] = []
+        self._since = 0.0
+
+    def add(self, item: tuple[Any, Any, Any]) -> bool:
+        """Keep a writer item; True for the first of a window (tell the writer it waits)."""
+        with self._lock:
+            first = not self._pending
+            if first:
+                self._since = time.monotonic()
+            self._pending.append(item)
+        return first
+
+    def due(self) -> float | None:
+        """When the oldest waiting item is due (monotonic); None if none waits."""
+        with self._lock:
+            return self._since + EVENT_DELAY if self._pending else None
+
+    def take(self, force: bool) -> list[tuple[Any, Any, Any]]:
+        """The waiting items once due (or `force`), oldest first; the writer's thread."""
+        with self._lock:
+            pending = self._pending
+            if not pending or (not force and time.monotonic() < self._since + EVENT_DELAY):
+                return []
+            self._pending = []
+        return pending
+
+
+class WindowedEvents:
+    """`append_events` for a store whose writer thread commits a window of events together
+    (`SqliteStore`, `PostgresStore`): each batch waits at most `EVENT_DELAY`, and a flush (a
+    read, close) makes the writer take them at once."""
+
+    _event_window: EventWindow
+    event_retention: int
+
+    if TYPE_CHECKING:  # provided by the store (a stub here would shadow it)
+        _queue: Any
+
+        def _check_open(self) -> None: ...
+
+    def append_events(
+        self,
+        run_id: str,
+        trace_id: str,
+        records: Sequence[EventRecord],
+        *,
+        on_failed: Callable[[AgentError], None] | None = None,
+    ) -> None:
+        """Hand a batch of the stream of top-level run `run_id` to the writer: encoded and
+        committed (fenced) within `EVENT_DELAY`; a seq stored again replaces it."""
+        if not records:
+            return
+        self._check_open()
+        op = ("events", run_id, trace_id, tuple(records), self.event_retention)
+        if self._event_window.add((op, None, on_failed)):
+            self._queue.put(EVENTS_WAKE)  # the writer learns when they are due
+
+    def _events_due(self) -> float | None:
+        return self._event_window.due()
+
+    def _take_events(self, force: bool) -> list[tuple[Any, Any, Any]]:
+        return self._event_window.take(force)

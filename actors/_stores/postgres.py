@@ -33,6 +33,7 @@ from steerable.protocol import (
 )
 from steerable.protocol._codec import encode, encode_body
 
+from .events import EVENTS_WAKE, EventWindow
 from .lease import Owner, message_fenced
 from .postgres_batch import FENCED_OPS, Batch, message_statement
 from .postgres_conn import Connections, _redacted
@@ -41,7 +42,6 @@ from .postgres_listen import PgWatcher
 from .postgres_own import PostgresOwnership
 from .postgres_reads import PostgresReads
 from .postgres_schema import SCHEMA_VERSION, check_schema_name, migrate
-from .sqlite_events import EVENTS_WAKE
 from .sqlite_files import notify_failed, notify_stored
 from .store import (
     CheckpointStore,
@@ -137,9 +137,7 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
         self._held_lock = threading.Lock()
         self._ttl = 5.0
         self._watchers: list[PgWatcher] = []
-        self._events_lock = threading.Lock()
-        self._pending_events: list[tuple[Any, Any, Any]] = []
-        self._events_since = 0.0
+        self._event_window = EventWindow()
         self._thread = threading.Thread(
             target=self._write_loop, name="steerable-postgres", daemon=True
         )

@@ -11,17 +11,15 @@ The `events` table keeps the last `event_retention` events of each run's stream.
 from __future__ import annotations
 
 import queue
-import threading
-import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from steerable.actors._engine.log import get_logger
-from steerable.protocol import AgentError, RunEvent, RunState
+from steerable.protocol import RunEvent, RunState
 from steerable.protocol._codec import encode_body
 
-from .sqlite_events import EVENT_DELAY, EVENTS_WAKE
+from .events import WindowedEvents
 from .sqlite_rows import decoded
 from .store import corrupt_row, not_found
 
@@ -68,15 +66,12 @@ def event_rows(
     return rows
 
 
-class PostgresEvents:
+class PostgresEvents(WindowedEvents):
     """Stored events for `PostgresStore` (which provides the connections and the writer)."""
 
     _queue: queue.SimpleQueue[Any]
     _conns: Connections
     _s: str
-    _events_lock: threading.Lock
-    _pending_events: list[tuple[Any, Any, Any]]
-    _events_since: float
     stores_events = True
     event_retention: int = DEFAULT_EVENT_RETENTION
 
@@ -85,42 +80,6 @@ class PostgresEvents:
 
     def flush(self, timeout: float | None = None) -> bool:
         raise NotImplementedError
-
-    def append_events(
-        self,
-        run_id: str,
-        trace_id: str,
-        records: Sequence[tuple[Any, ...]],
-        *,
-        on_failed: Callable[[AgentError], None] | None = None,
-    ) -> None:
-        """Queue a batch of the stream of top-level run `run_id` (encoded and committed by the
-        writer within `EVENT_DELAY`, fenced); a seq stored again replaces it."""
-        if not records:
-            return
-        self._check_open()
-        op = ("events", run_id, trace_id, tuple(records), self.event_retention)
-        with self._events_lock:
-            wake = not self._pending_events
-            if wake:
-                self._events_since = time.monotonic()
-            self._pending_events.append((op, None, on_failed))
-        if wake:
-            self._queue.put(EVENTS_WAKE)  # the writer learns when they are due
-
-    def _events_due(self) -> float | None:
-        """When the oldest waiting event is due (monotonic); None if none waits."""
-        with self._events_lock:
-            return self._events_since + EVENT_DELAY if self._pending_events else None
-
-    def _take_events(self, force: bool) -> list[tuple[Any, Any, Any]]:
-        """The waiting events, once due (or `force`), oldest first (the writer's thread)."""
-        with self._events_lock:
-            pending = self._pending_events
-            if not pending or (not force and time.monotonic() < self._events_since + EVENT_DELAY):
-                return []
-            self._pending_events = []
-        return pending
 
     def events(self, run_id: str, start: int = 0, limit: int | None = None) -> list[RunEvent]:
         """The stored events of the run's stream with seq >= `start`, oldest first.

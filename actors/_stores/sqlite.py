@@ -36,6 +36,7 @@ from steerable.protocol import (
 )
 from steerable.protocol._codec import encode
 
+from .events import EventWindow
 from .lease import Owner
 from .schema import SCHEMA_VERSION, check_foreign, migrate
 from .sqlite_events import SqliteEvents
@@ -119,6 +120,7 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
         self._max_batch = max_batch
         self._write_timeout = float(write_timeout)
         self._queue = WriteQueue()
+        self._event_window = EventWindow()
         self._local = threading.local()
         self._closed = False
         self._closing = threading.Event()

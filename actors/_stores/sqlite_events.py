@@ -9,31 +9,22 @@ epoch. The `events` table keeps the last `event_retention` events of each run's 
 from __future__ import annotations
 
 import sqlite3
-import threading
-import time
 import zlib
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from steerable.actors._engine.log import get_logger
-from steerable.protocol import AgentError, RunEvent, RunState
+from steerable.protocol import RunEvent, RunState
 from steerable.protocol._codec import encode_bodies
 
-from .events import EventRecord, event_body
+from .events import EventRecord, WindowedEvents, event_body
 from .sqlite_rows import decoded
 from .store import corrupt_row, not_found
 
 if TYPE_CHECKING:
     from .sqlite_writer import WriteQueue
 
-__all__ = ["EVENTS_WAKE", "EVENT_DELAY", "SqliteEvents", "apply_event_batches", "apply_events"]
-
-EVENT_DELAY = 0.02
-"""Seconds stored events wait for the writer at most: the events of that window are encoded
-and written together, with whatever else the writer commits then."""
-
-EVENTS_WAKE = object()
-"""Queued for the writer when events start waiting (once per wait, not once per batch)."""
+__all__ = ["SqliteEvents", "apply_event_batches", "apply_events"]
 
 _log = get_logger("steerable.sqlite")
 
@@ -90,11 +81,10 @@ def apply_event_batches(
         conn.execute("DELETE FROM events WHERE run_id=? AND seq<?", (run_id, oldest))
 
 
-class SqliteEvents:
+class SqliteEvents(WindowedEvents):
     """Stored events for `SqliteStore` (which provides the connections and the writer)."""
 
     _queue: WriteQueue
-    _events_lock = threading.Lock()  # one for the process: held for a list append
     stores_events = True
     event_retention: int
 
@@ -106,48 +96,6 @@ class SqliteEvents:
 
     def flush(self, timeout: float | None = None) -> bool:
         raise NotImplementedError
-
-    def append_events(
-        self,
-        run_id: str,
-        trace_id: str,
-        records: Sequence[EventRecord],
-        *,
-        on_failed: Callable[[AgentError], None] | None = None,
-    ) -> None:
-        """Hand a batch of events to the writer: encoded and committed (fenced) with the next
-        write it commits, or within `EVENT_DELAY` if none comes."""
-        if not records:
-            return
-        self._check_open()
-        op = ("events", run_id, trace_id, tuple(records), self.event_retention)
-        with self._events_lock:
-            pending = self.__dict__.setdefault("_pending_events", [])
-            wake = not pending
-            if wake:
-                self.__dict__["_events_since"] = time.monotonic()
-            pending.append((op, None, on_failed))
-        if wake:
-            self._queue.put(EVENTS_WAKE)  # the writer learns when they are due
-
-    def _events_due(self) -> float | None:
-        """When the oldest waiting event is due (monotonic); None if none waits."""
-        with self._events_lock:
-            if not self.__dict__.get("_pending_events"):
-                return None
-            since: float = self.__dict__["_events_since"]
-        return since + EVENT_DELAY
-
-    def _take_events(self, force: bool) -> list[tuple[Any, Any, Any]]:
-        """The waiting events, once due (or `force`), oldest first (the writer's thread)."""
-        with self._events_lock:
-            pending: list[tuple[Any, Any, Any]] = self.__dict__.get("_pending_events") or []
-            if not pending:
-                return []
-            if not force and time.monotonic() < self.__dict__["_events_since"] + EVENT_DELAY:
-                return []
-            self.__dict__["_pending_events"] = []
-        return pending
 
     def events(self, run_id: str, start: int = 0, limit: int | None = None) -> list[RunEvent]:
         """The stored events of the run's stream with seq >= `start`, oldest first.

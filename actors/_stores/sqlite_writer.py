@@ -22,8 +22,9 @@ from steerable.actors._engine.log import get_logger
 from steerable.protocol import AgentError, ErrorCode, SteerableError
 from steerable.protocol._codec import encode, encode_body
 
+from .events import EVENTS_WAKE
 from .lease import Owner, message_fenced
-from .sqlite_events import EVENTS_WAKE, apply_event_batches, apply_events
+from .sqlite_events import apply_event_batches, apply_events
 from .sqlite_files import notify_failed, notify_stored, transient, unavailable
 from .sqlite_rows import checksum
 from .sqlite_wal import WalCheckpointer
