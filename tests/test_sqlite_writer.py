@@ -54,7 +54,7 @@ class Batch:
         store = self.store
         store._write_lock.acquire()  # the writer blocks on it with a flush in hand ...
         done: Future[None] = Future()
-        store._queue.put((("flush",), done, None))
+        store._queue.put((("flush", True), done, None))
         until(store._queue.empty, "the writer took the flush")
         store._writer_conn.set_trace_callback(self.statements.append)
         return self  # ... while the batch's writes are queued behind it

@@ -288,16 +288,17 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
         reason and were tried again) and `writes_given_up` (batches given up)."""
         return {"write_retries": self._retries, "writes_given_up": self._gave_up}
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued write is committed (or given up)."""
+    def flush(self, timeout: float | None = None, *, events: bool = True) -> bool:
+        """Wait until every queued write is committed (or given up); `events=False` leaves
+        the stored events that wait for their window (a read that does not read them)."""
         if (
             self._closed
             or not self._thread.is_alive()
-            or (self._queue.idle() and self._events_due() is None)
+            or (self._queue.idle() and (not events or self._events_due() is None))
         ):
             return True  # nothing queued before this call is left (a fresh process's load)
         done: Future[None] = Future()
-        self._queue.put((("flush",), done, None))
+        self._queue.put((("flush", events), done, None))
         try:
             done.result(timeout)
         except TimeoutError:

@@ -28,7 +28,7 @@ class SqliteReads:
 
         def _reader(self) -> sqlite3.Connection: ...
 
-        def flush(self, timeout: float | None = None) -> bool: ...
+        def flush(self, timeout: float | None = None, *, events: bool = True) -> bool: ...
 
     def load(self, run_id: str, revision: int | None = None) -> StoredRun:
         """Load a run at `revision` (None: the latest).
@@ -57,7 +57,8 @@ class SqliteReads:
         flush: bool = True,
     ) -> StoredRun:
         if flush:
-            self.flush()
+            # A load reads no event: the events waiting for their window stay there.
+            self.flush(events=False)
         conn = self._reader()
         conn.execute("BEGIN")
         try:

@@ -178,8 +178,8 @@ class SqliteWriter:
                     taken += 1
                     if more is not EVENTS_WAKE:
                         batch.append(more)
-                # A flush (a read, close) wants every event written before it returns.
-                force = stop or any(op[0] == "flush" for op, _, _ in batch)
+                # A flush (close, a read of events) wants every event written before it returns.
+                force = stop or any(op[0] == "flush" and op[1] for op, _, _ in batch)
                 batch.extend(self._take_events(force))
                 if batch:
                     self._commit(conn, batch)
