@@ -4,7 +4,7 @@ A run hands its storable events to the store in batches (`append_events`); they 
 writer at most `EVENT_DELAY` (20 ms, as in SQLite), then the writer encodes each as a codec
 envelope of kind `event` (a `RunEvent` body) and commits that window's events in one
 statement, in the same transaction as whatever else it writes then, fenced by each run's lease
-epoch (postgres_batch.py). A flush (every read) and `close` write the waiting events first.
+epoch (postgres_batch.py). Reading events, a flush and `close` write the waiting ones first.
 The `events` table keeps the last `event_retention` events of each run's stream.
 """
 
