@@ -190,7 +190,7 @@ ROWS: list[Row] = [
     ),
     Row(
         "W2",
-        "sync @100: dispatch of 100 calls, first->last ms",
+        "sync @100: starts of the 100 calls, first->last ms",
         "w2_parallel.sync_prestart",
         "dispatch_spread_ms",
     ),
@@ -213,7 +213,7 @@ ROWS: list[Row] = [
     ),
     Row(
         "W2",
-        "async @100: dispatch of 100 calls, first->last ms",
+        "async @100: starts of the 100 calls, first->last ms",
         "w2_parallel.async",
         "dispatch_spread_ms",
     ),
