@@ -207,3 +207,65 @@ def test_shutdown_from_on_done_does_not_deadlock() -> None:
     thread.join(WAIT)
     assert not thread.is_alive()
     runner.shutdown(timeout=WAIT)
+
+
+def _block_loop(runner: AsyncRunner) -> tuple[threading.Event, threading.Event]:
+    """Hold the loop thread in a callback until `release` is set; `entered` once it is held."""
+    entered, release = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        entered.set()
+        release.wait(WAIT)  # blocks the loop on purpose: submits pile up meanwhile
+
+    runner.submit(hold, lambda _result, _exc: None)
+    assert entered.wait(WAIT)
+    return entered, release
+
+
+def test_submits_made_while_the_loop_is_busy_are_taken_in_one_wake(runner: AsyncRunner) -> None:
+    _, release = _block_loop(runner)
+    outcomes = Outcomes()
+    order: list[int] = []
+
+    def make(i: int) -> Callable[[], Coroutine[Any, Any, int]]:
+        async def record() -> int:
+            order.append(i)
+            return i
+
+        return record
+
+    for i in range(200):
+        runner.submit(make(i), outcomes)
+    assert len(runner._pending) == 200  # none taken yet: the loop is held
+    release.set()
+    results = sorted(outcomes.get()[0] for _ in range(200))
+    assert results == list(range(200))
+    assert order == list(range(200))  # tasks start in submit order
+    assert runner._pending == []
+
+
+def test_shutdown_cancels_submits_the_loop_has_not_taken_yet() -> None:
+    runner = AsyncRunner()
+    _, release = _block_loop(runner)
+    outcomes = Outcomes()
+    for _ in range(10):
+        runner.submit(_never(), outcomes)
+    release.set()
+    assert runner.shutdown(timeout=WAIT) == []
+    for _ in range(10):
+        result, exc, _ = outcomes.get()
+        assert result is None
+        assert isinstance(exc, asyncio.CancelledError)
+    assert runner.statistics() == {"tasks_running": 0, "tasks_done": 11}
+
+
+def test_a_cancel_before_the_loop_takes_the_submit_is_honoured(runner: AsyncRunner) -> None:
+    _, release = _block_loop(runner)
+    outcomes = Outcomes()
+    handle = runner.submit(_never(), outcomes)
+    handle.cancel()
+    release.set()
+    result, exc, _ = outcomes.get()
+    assert result is None
+    assert isinstance(exc, asyncio.CancelledError)
+    assert handle.done

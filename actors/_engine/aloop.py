@@ -80,6 +80,9 @@ class AsyncRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._tasks: set[asyncio.Task[Any]] = set()  # touched only on the loop thread
+        # Submitted, not yet made tasks (lock held): one loop wake takes every submit made
+        # since the last, instead of a self-pipe write, and a GIL hand-off, per coroutine.
+        self._pending: list[tuple[AsyncHandle, Callable[[], Coroutine[Any, Any, Any]], Any]] = []
         self._closed = False
         self._running = 0
         self._done = 0
@@ -105,8 +108,10 @@ class AsyncRunner:
             loop = self._loop if self._loop is not None else self._start_loop()
             handle = AsyncHandle(loop)
             self._running += 1
-            # Under the lock, so every submit is scheduled before shutdown's own callback.
-            loop.call_soon_threadsafe(self._create_task, handle, factory, on_done)
+            self._pending.append((handle, factory, on_done))
+            # Under the lock, so every submit is taken before shutdown's own callback runs.
+            if len(self._pending) == 1:
+                loop.call_soon_threadsafe(self._take_pending)
         return handle
 
     def owns_thread(self, thread: threading.Thread) -> bool:
@@ -168,6 +173,12 @@ class AsyncRunner:
         finally:
             asyncio.set_event_loop(None)
             loop.close()
+
+    def _take_pending(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, []
+        for handle, factory, on_done in batch:
+            self._create_task(handle, factory, on_done)
 
     def _create_task(
         self, handle: AsyncHandle, factory: Callable[[], Coroutine[Any, Any, Any]], on_done: Any
