@@ -530,7 +530,7 @@ ROWS: list[Row] = [
     ),
     Row(
         "W7",
-        "cooperative: dispatch of 50 calls, first->last ms",
+        "cooperative: starts of the 50 calls, first->last ms",
         "w7_timeout.cooperative",
         "dispatch_spread_ms",
     ),
