@@ -608,3 +608,31 @@ def test_shutdown_names_every_thread_it_leaves_behind_even_the_event_loop(
     hazards.release_and_join()
     assert alive == {"steerable-asyncio"}
     assert alive <= set(left), f"shutdown() returned {left} while {sorted(alive)} still ran"
+
+
+def test_a_run_whose_worker_thread_cannot_start_fails_with_resource_exhausted(
+    hazards: Hazards, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T1: no thread for the agent's call is a typed error for that run, never a hang."""
+    import pykka
+
+    from steerable.actors._engine.pool import ToolWorker
+
+    with Runtime(tools=fault_tools(hazards)) as rt:
+        warm = rt.start("t", agent=healthy_case(0).agent, config=HEALTHY)
+        assert warm.result(timeout=WAIT).state is RunState.FINISHED  # the pool's launcher is up
+        for ref in pykka.ActorRegistry.get_by_class(ToolWorker):
+            assert ref.stop(timeout=WAIT)  # no worker left to take the call later
+
+        def no_thread(self: threading.Thread) -> None:
+            raise RuntimeError("can't start new thread")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(threading.Thread, "start", no_thread)
+            agent = ScriptedAgent([plan(call("echo", text="x"))], then=report_results)
+            out = rt.start("t", agent=agent, config=HEALTHY).result(timeout=WAIT)
+        assert out.state is RunState.ERROR
+        assert out.error is not None
+        assert out.error.code is ErrorCode.RESOURCE_EXHAUSTED
+        again = rt.start("t", agent=healthy_case(0).agent, config=HEALTHY)
+        assert again.result(timeout=WAIT).state is RunState.FINISHED  # threads start again

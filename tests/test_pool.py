@@ -556,3 +556,40 @@ def test_a_worker_stopped_behind_the_pools_back_is_replaced(
     assert pool.submit(Call(done))
     done.get(timeout=WAIT)
     assert pool.statistics()["threads_started"] == 2
+
+
+class _Failing(Call):
+    """A job that records the start failure the pool reports to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed: list[BaseException] = []
+
+    def start_failed(self, exc: BaseException) -> None:
+        self.failed.append(exc)
+
+
+def test_a_stranded_job_hears_of_the_start_failure_itself(
+    pools: Callable[..., WorkerPool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The job's own start_failed comes before the pool's callback: a run's call learns
+    # resource_exhausted instead of waiting for a worker that will never come.
+    others: list[Job] = []
+    pool = pools(max_workers=1, on_start_failure=lambda job, exc: others.append(job))
+    gate = threading.Event()
+    hung = Call(gate=gate)
+    assert pool.submit(hung)
+    assert hung.started.wait(WAIT)
+    waiting = _Failing()
+    assert pool.submit(waiting)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(threading.Thread, "start", _failing_start)
+            assert pool.abandon(hung)  # its replacement cannot start
+        assert [type(exc) for exc in waiting.failed] == [RuntimeError]
+        assert others == []
+        assert not waiting.started.is_set()
+    finally:
+        gate.set()
+    assert hung.thread is not None
+    hung.thread.join(WAIT)

@@ -53,7 +53,10 @@ class Job(Protocol):
 
     A job may also define `cancel_pending(self) -> None`, looked up with `getattr`: the pool calls
     it for a job still queued when the pool shuts down (it will never run), so that its caller
-    can record the call as cancelled. It must not block or raise.
+    can record the call as cancelled. And `start_failed(self, exc: BaseException) -> None`: called
+    for a job the pool had accepted but can never run, because no worker thread could be started
+    for it and no live worker is left to take it (T1); it takes precedence over the pool's
+    `on_start_failure`. Neither may block or raise.
     """
 
     def run(self) -> None:
@@ -515,12 +518,15 @@ class WorkerPool:
         return accepted
 
     def _report_start_failure(self, job: Job, exc: BaseException) -> None:
+        own = getattr(job, "start_failed", None)
         callback = self._on_start_failure
-        if callback is None:
-            _log_contained("job_dropped_no_thread", exc, job=type(job).__qualname__)
-            return
         try:
-            callback(job, exc)
+            if own is not None:
+                own(exc)
+            elif callback is not None:
+                callback(job, exc)
+            else:
+                _log_contained("job_dropped_no_thread", exc, job=type(job).__qualname__)
         except BaseException as error:  # noqa: BLE001 - a broken callback must not break submit
             _log_contained("on_start_failure_raised", error, job=type(job).__qualname__)
 

@@ -180,6 +180,11 @@ class DecideJob:
             raise TypeError("decide was declared async but returned no awaitable")
         return _await(result)
 
+    def start_failed(self, exc: BaseException) -> None:
+        """Called by the pool when no worker thread could be started for this call (T1)."""
+        error = _no_thread(exc, model_call=self.model_call)
+        _tell(self.ref, Decided(self.model_call, None, None, error, None, 0.0))
+
     def report(self, started: float, raw: object, exc: BaseException | None) -> None:
         """Turn decide's outcome into a `Decided` message (runs accept on a Finish)."""
         decision: Plan | Finish | AskUser | None = None
@@ -319,6 +324,12 @@ class ToolJob:
         """Called by the pool when it drops this job unrun (shutdown)."""
         self.report(None, RuntimeError("the runtime shut down before the call ran"))
 
+    def start_failed(self, exc: BaseException) -> None:
+        """Called by the pool when no worker thread could be started for this call (T1)."""
+        ctx = self.ctx
+        error = _no_thread(exc, tool=ctx.tool, call_id=ctx.call_id)
+        _tell(self.ref, ToolDone(ctx.call_id, ctx.attempt, None, error))
+
     def submit_remote(self, executor: Executor) -> RemoteHandle | None:
         """Run the call on `executor` (a worker process, a Ray task); never blocks.
 
@@ -375,6 +386,15 @@ class ToolJob:
         _tell(self.ref, ToolDone(ctx.call_id, ctx.attempt, value, error))
 
 
+def _no_thread(exc: BaseException, **details: Any) -> AgentError:
+    """The error of a job the pool accepted but could start no worker thread for (T1)."""
+    return AgentError.of(
+        ErrorCode.RESOURCE_EXHAUSTED,
+        f"no worker thread could be started: {type(exc).__name__}: {exc}",
+        **details,
+    )
+
+
 class HookJob:
     """Lifecycle hooks of one event (R13): each callback runs; those that raise are reported."""
 
@@ -413,6 +433,14 @@ class HookJob:
     def cancel_pending(self) -> None:
         """Called by the pool when it drops this job unrun (shutdown)."""
         _tell(self.ref, HookDone([]))
+
+    def start_failed(self, exc: BaseException) -> None:
+        """Called by the pool when no worker thread could be started for these hooks (T1)."""
+        hook = self.event.hook
+        error = _no_thread(
+            exc, hook=None if hook is None else hook.value, event=self.event.kind.value
+        )
+        _tell(self.ref, HookDone([error]))
 
 
 class HookDrain:

@@ -103,7 +103,12 @@ class SupervisorWork:
             # closed (the provider stops billing) instead of running on until abandoned.
             scope.on_cancel(lambda _reason: handle.cancel())
         elif not self.services.pool.submit(job):
-            job.report(self.services.clock.now(), None, RuntimeError("the runtime is shut down"))
+            if self.services.pool.closed:
+                job.report(
+                    self.services.clock.now(), None, RuntimeError("the runtime is shut down")
+                )
+            else:  # T1: no worker thread could be started, and none is left to take it
+                job.start_failed(RuntimeError("can't start new thread"))
 
     def dispatch(self, job: CallJob) -> None:
         """Run one tool call attempt on a worker, or on the event loop for `async def` tools.
@@ -176,7 +181,10 @@ class SupervisorWork:
                 )
             )
         elif not services.pool.submit(tool_job):
-            tool_job.report(None, RuntimeError("the runtime is shut down"))
+            if services.pool.closed:
+                tool_job.report(None, RuntimeError("the runtime is shut down"))
+            else:  # T1: no worker thread could be started, and none is left to take it
+                tool_job.start_failed(RuntimeError("can't start new thread"))
 
     def start_child(self, job: ChildJob) -> None:
         """Start (or resume) the child run of a subagent call (R3: its own run id)."""
