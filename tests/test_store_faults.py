@@ -11,6 +11,7 @@ Which fault is real and which is injected (docs/reliability.md, "Store faults"):
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import stat
@@ -420,6 +421,59 @@ def test_opening_a_store_locked_by_another_process_is_a_typed_error(tmp_path: Pa
         assert raised.value.error.details["path"] == str(path)
     finally:
         locker.release()
+
+
+class _Seen(logging.Handler):
+    """Sets `event` when a record whose message starts with `prefix` is logged."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__(logging.WARNING)
+        self.prefix = prefix
+        self.event = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith(self.prefix):
+            self.event.set()
+
+
+def test_opening_a_store_waits_out_a_lock_released_within_write_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A process that opens the store while another one holds a long transaction (or recovers
+    # a WAL a killed process left) must not fail after one attempt's busy wait: it is
+    # retried up to `write_timeout`, as writes are (the crash loop across processes met it).
+    from steerable.actors._stores import sqlite as sqlite_module
+
+    monkeypatch.setattr(sqlite_module, "_ATTEMPT_BUSY", 0.05)  # one attempt: 50 ms
+    path = tmp_path / "runs.db"
+    SqliteStore(path).close()
+    seen = _Seen("sqlite_open_retry")
+    logger = logging.getLogger("steerable.sqlite")
+    logger.addHandler(seen)
+    locker = Locker(path)
+    locker.hold()
+    opened: list[SqliteStore | BaseException] = []
+
+    def open_it() -> None:
+        try:
+            opened.append(SqliteStore(path, write_timeout=WAIT))
+        except BaseException as exc:
+            opened.append(exc)
+
+    opener = threading.Thread(target=open_it)
+    try:
+        opener.start()
+        assert seen.event.wait(WAIT)  # an attempt failed on the lock and is being retried
+        locker.release()
+        opener.join(WAIT)
+        assert not opener.is_alive()
+        (store,) = opened
+        assert isinstance(store, SqliteStore)
+        store.close()
+    finally:
+        logger.removeHandler(seen)
+        locker.release()
+        opener.join(WAIT)
 
 
 # --------------------------------------------------------------------------- read-only (item 7)

@@ -20,11 +20,13 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from steerable.actors._engine.log import get_logger
 from steerable.protocol import (
     AgentError,
     ErrorCode,
@@ -40,11 +42,18 @@ from .events import EventWindow
 from .lease import Owner
 from .schema import SCHEMA_VERSION, check_foreign, migrate
 from .sqlite_events import SqliteEvents
-from .sqlite_files import private_file, unavailable
+from .sqlite_files import private_file, transient, unavailable
 from .sqlite_own import SqliteOwnership
 from .sqlite_reads import SqliteReads
 from .sqlite_wal import WalCheckpointer
-from .sqlite_writer import _ATTEMPT_BUSY, _STOP, SqliteWriter, WriteQueue
+from .sqlite_writer import (
+    _ATTEMPT_BUSY,
+    _FIRST_BACKOFF,
+    _MAX_BACKOFF,
+    _STOP,
+    SqliteWriter,
+    WriteQueue,
+)
 from .store import CheckpointStore, check_record
 
 __all__ = ["SCHEMA_VERSION", "SqliteStore", "default_db_path"]
@@ -64,6 +73,14 @@ def default_db_path() -> Path:
 
 def _incompatible(message: str, **details: Any) -> SteerableError:
     return SteerableError(AgentError.of(ErrorCode.CHECKPOINT_INCOMPATIBLE, message, **details))
+
+
+_log = get_logger("steerable.sqlite")
+
+
+def _locked(exc: sqlite3.OperationalError) -> bool:
+    """A lock or busy error (worth waiting out), not a full disk (which fails the open)."""
+    return transient(exc) and "full" not in str(exc).lower()
 
 
 class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, CheckpointStore):
@@ -172,22 +189,33 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
             raise unavailable(
                 f"cannot create {self.path}: {exc.strerror or exc}", exc, path=str(self.path)
             ) from None
-        conn: sqlite3.Connection | None = None
-        try:
-            conn = self._connect()
-            migrate(conn, self.path)
-            self._probe_writable(conn)
-        except sqlite3.OperationalError as exc:
-            if conn is not None:
-                conn.close()
-            raise unavailable(
-                f"cannot open {self.path} for writing: {exc}", exc, path=str(self.path)
-            ) from None
-        except BaseException:
-            if conn is not None:
-                conn.close()
-            raise
-        return conn
+        # A lock another process holds (its long transaction, or the recovery of a WAL a
+        # killed process left) is waited out up to `write_timeout`, as a write would be; one
+        # attempt's busy wait is shorter (`_ATTEMPT_BUSY`).
+        deadline = time.monotonic() + self._write_timeout
+        backoff = _FIRST_BACKOFF
+        while True:
+            conn: sqlite3.Connection | None = None
+            try:
+                conn = self._connect()
+                migrate(conn, self.path)
+                self._probe_writable(conn)
+            except sqlite3.OperationalError as exc:
+                if conn is not None:
+                    conn.close()
+                if _locked(exc) and time.monotonic() + backoff < deadline:
+                    _log.warning("sqlite_open_retry", path=str(self.path), error=str(exc))
+                    self._closing.wait(backoff)  # never set yet: a plain backoff
+                    backoff = min(backoff * 2, _MAX_BACKOFF)
+                    continue
+                raise unavailable(
+                    f"cannot open {self.path} for writing: {exc}", exc, path=str(self.path)
+                ) from None
+            except BaseException:
+                if conn is not None:
+                    conn.close()
+                raise
+            return conn
 
     def _connect(self) -> sqlite3.Connection:
         busy = min(self._write_timeout, _ATTEMPT_BUSY) if self._write_timeout else 0.0
