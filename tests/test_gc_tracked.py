@@ -106,7 +106,12 @@ def test_an_entry_holding_a_secret_is_kept_as_an_object() -> None:
         assert not isinstance(store._runs[handle.run_id].entries[1], bytes)
 
 
-def test_a_closed_log_reads_what_was_appended_with_nested_data_untracked() -> None:
+def _close_another() -> None:
+    other = EventLog("o" * 32)
+    other.close()  # compacts the logs closed before it that are still held
+
+
+def test_a_held_closed_log_is_compacted_by_the_next_close_and_reads_the_same() -> None:
     log = EventLog("t" * 32)
     nested = {"steps": [{"tool": "echo", "arguments": {"text": "a"}}], "n": 1}
     flat = {"tool": "echo", "value": "A"}
@@ -115,8 +120,60 @@ def test_a_closed_log_reads_what_was_appended_with_nested_data_untracked() -> No
         log.append("run_1", EventKind.CUSTOM, Phase.EXECUTE, 1.0, data)
     before = [raw[4] for raw in log._records(0)]
     log.close()
+    assert [raw[4] for raw in log._records(0)] == before  # closed, not yet compacted
+    _close_another()
     gc.collect()
     assert not any(gc.is_tracked(slot) for slot in log._cols)
     after = [raw[4] for raw in log._records(0)]
     assert after == before
     assert after[2]["arguments"] is NO_ARGUMENTS  # still the shared, unchangeable mapping
+    assert [e.data for e in log.stream()] == before
+
+
+def test_a_log_dropped_when_its_run_ends_is_never_packed(monkeypatch: Any) -> None:
+    # Most handles are dropped as the run ends (W1's are): packing their history would be
+    # CPU spent for nothing (issue 14's budget for rich events).
+    from steerable.actors._host import events
+
+    packed: list[int] = []
+    real = events._pack_history
+
+    def counting(cols: Any) -> bytes | None:
+        packed.append(len(cols))
+        return real(cols)
+
+    monkeypatch.setattr(events, "_pack_history", counting)
+
+    def agent() -> ScriptedAgent:
+        return ScriptedAgent(
+            [Plan(steps=[ToolCall(name="echo", arguments={"text": "a"})]), Finish()]
+        )
+
+    with Runtime(tools=[echo]) as rt:
+        for _ in range(3):
+            assert rt.start("task", agent=agent()).result(timeout=WAIT).state is RunState.FINISHED
+        assert packed == []
+        held = rt.start("task", agent=agent())
+        assert held.result(timeout=WAIT).state is RunState.FINISHED
+        assert rt.start("task", agent=agent()).result(timeout=WAIT).state is RunState.FINISHED
+        assert len(packed) == 1  # the held one, when the next run ended
+        kinds = [e.kind for e in held.events()]
+        assert kinds[-1] is EventKind.RUN_ENDED
+        assert EventKind.TOOL_STARTED in kinds
+
+
+def test_a_compacted_log_with_a_dict_msgpack_cannot_carry_packs_the_others() -> None:
+    # The whole history is packed in one array; one value msgpack refuses must cost only its
+    # own dict (kept as appended), never the others' packing or anyone's data.
+    log = EventLog("t" * 32, max_history=3)
+    odd: dict[str, Any] = {"thing": [object()]}
+    datas: list[dict[str, Any]] = [{"steps": [i]} for i in range(3)] + [odd, {"steps": [9]}]
+    for data in datas:
+        log.append("run_1", EventKind.CUSTOM, Phase.EXECUTE, 1.0, data)
+    log.close()
+    _close_another()
+    after = [raw[4] for raw in log._records(0)]
+    assert after[0] == {"steps": [2]}
+    assert after[2] == {"steps": [9]}
+    assert after[1] is odd
+    assert [type(slot) for slot in list(log._cols)[5::6]] == [bytes, dict, bytes]

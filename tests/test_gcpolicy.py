@@ -40,7 +40,9 @@ def test_a_runtime_leaves_the_collector_alone(gc_state: tuple[int, int, int]) ->
     frozen = gc.get_freeze_count()
     _one_run()
     assert gc.get_threshold() == gc_state
-    assert gc.get_freeze_count() == frozen
+    # Never more frozen (a freeze by the runtime would add what it made); a frozen object
+    # may be freed meanwhile (e.g. an earlier run's weak reference in the closed-log queue).
+    assert gc.get_freeze_count() <= frozen
 
 
 def test_tune_gc_sets_the_policy_and_a_runtime_keeps_it(gc_state: tuple[int, int, int]) -> None:
@@ -51,7 +53,7 @@ def test_tune_gc_sets_the_policy_and_a_runtime_keeps_it(gc_state: tuple[int, int
     frozen = gc.get_freeze_count()
     _one_run()
     assert gc.get_threshold() == TUNED_THRESHOLD
-    assert gc.get_freeze_count() == frozen
+    assert 0 < gc.get_freeze_count() <= frozen  # neither unfrozen nor frozen again
 
 
 def test_tune_gc_without_freezing_only_sets_thresholds(gc_state: tuple[int, int, int]) -> None:

@@ -5,11 +5,12 @@ The supervisor appends raw values (cheap: no model is built on its thread); read
 kind's and phase's values, not the enum members, the time, the run ids and the `data` dict):
 an append makes no object the collector tracks beyond the data dict, and a flat dict is never
 tracked, so a long history costs the collector nothing (a per-event tuple holding a dict or
-an enum would stay tracked, and be walked by every full collection). When the log closes,
-each data dict the collector still tracks (one holding a list or a dict, e.g. a plan's
-steps) is replaced by its msgpack bytes, decoded again for a late reader: a finished run whose
-handle is held keeps nothing of its history for full collections to walk (docs/performance.md,
-"GC-tracked objects").
+an enum would stay tracked, and be walked by every full collection). A closed log still held
+when the next log closes is compacted: the data dicts the collector still tracks (those
+holding a list or a dict, e.g. a plan's steps) are packed into one msgpack array, decoded
+again for a late reader, so a finished run whose handle is held keeps nothing of its history
+for full collections to walk (docs/performance.md, "GC-tracked objects"). A log whose handle
+is dropped when its run ends, as most are, is freed before that and never packed.
 
 Sync readers wait on a condition; async readers await a `concurrent.futures.Future` through
 `asyncio.wrap_future`, so no event loop is ever blocked (docs/pykka.md T10). History is kept up
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from gc import is_tracked as gc_is_tracked
@@ -48,30 +50,55 @@ _MODEL_DELTA = EventKind.MODEL_DELTA.value
 _CUSTOM = EventKind.CUSTOM.value
 
 
-def _pack_history(cols: deque[Any]) -> None:
-    """Replace each data dict the collector tracks by its msgpack bytes (a closed log's)."""
+def _pack_history(cols: deque[Any]) -> bytes | None:
+    """Pack the data dicts the collector tracks (a closed log's) into one msgpack array.
+
+    Each one's slot gets its index in the array (an int, which the collector does not track);
+    returns the array's bytes, or None when no dict is tracked. One `packb` for the history,
+    not one per dict: making a packer costs more than packing a small dict (issue 14's budget).
+    """
     slots = list(cols)
-    packed = False
-    for i in range(_SLOTS - 1, len(slots), _SLOTS):
-        data = slots[i]
-        if gc_is_tracked(data):  # a dict of atomic values is not: it stays as it is
+    where = [i for i in range(_SLOTS - 1, len(slots), _SLOTS) if gc_is_tracked(slots[i])]
+    if not where:  # a dict of atomic values is not tracked: it stays as it is
+        return None
+    try:
+        # No `default`: what msgpack does not carry as itself keeps its dict, so a reader gets
+        # what was appended (as JSON encodes it, lists for tuples).
+        blob: bytes | None = msgpack.packb([slots[i] for i in where], use_bin_type=True)
+    except (TypeError, ValueError, OverflowError):
+        blob = None
+    if blob is None:
+        for i in where:  # one dict msgpack cannot carry: pack the others one by one
             try:
-                # No `default`: what msgpack does not carry as itself keeps the dict, so a
-                # reader gets what was appended (as JSON encodes it, lists for tuples).
-                slots[i] = msgpack.packb(data, use_bin_type=True)
+                slots[i] = msgpack.packb(slots[i], use_bin_type=True)
             except (TypeError, ValueError, OverflowError):
                 continue
-            packed = True
-    if packed:
-        cols.clear()
-        cols.extend(slots)
+    else:
+        for index, i in enumerate(where):
+            slots[i] = index
+    cols.clear()
+    cols.extend(slots)
+    return blob
 
 
-def _unpack(data: bytes) -> dict[str, Any]:
-    unpacked: dict[str, Any] = msgpack.unpackb(
-        data, raw=False, strict_map_key=False, object_hook=_shared_empty
-    )
-    return unpacked
+_closed_logs: deque[weakref.ref[EventLog]] = deque()
+"""Logs closed since the last close, compacted by the next close if still alive."""
+
+
+def _compact_closed() -> None:
+    """Compact the logs closed before this call that someone still holds."""
+    for _ in range(len(_closed_logs)):  # what other closes append meanwhile is theirs to do
+        try:
+            ref = _closed_logs.popleft()
+        except IndexError:  # another close took it
+            return
+        log = ref()
+        if log is not None:
+            log.compact()
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, object_hook=_shared_empty)
 
 
 def _shared_empty(mapping: dict[str, Any]) -> Any:
@@ -91,14 +118,17 @@ class EventLog:
     """
 
     __slots__ = (
+        "__weakref__",
         "_closed",
         "_cols",
+        "_compacted",
         "_cond",
         "_dropped",
         "_feed",
         "_lock",
         "_next",
         "_observed",
+        "_packed",
         "_sleepers",
         "_store",
         "_store_lock",
@@ -128,6 +158,8 @@ class EventLog:
         self._next = 0
         self._dropped = 0
         self._closed = False
+        self._compacted = False
+        self._packed: bytes | None = None  # a compacted log's tracked data dicts (_pack_history)
         self._waiters: list[concurrent.futures.Future[None]] = []
         self._store: CheckpointStore | None = None
         self._stored_as = ""
@@ -201,20 +233,25 @@ class EventLog:
             tail = iter(newest)
         else:
             tail = islice(cols, len(cols) - want, None)
-        return [
-            (
-                seq,
-                kind,
-                phase,
-                at,
-                data if type(data) is not bytes else _unpack(data),
-                run_id,
-                parent,
-            )
-            for seq, (kind, phase, at, run_id, parent, data) in enumerate(
-                zip(*([tail] * _SLOTS), strict=True), begin
-            )
-        ]
+        rows = enumerate(zip(*([tail] * _SLOTS), strict=True), begin)
+        if not self._compacted:  # the data slots are the dicts appended
+            return [
+                (seq, kind, phase, at, data, run_id, parent)
+                for seq, (kind, phase, at, run_id, parent, data) in rows
+            ]
+        packed: list[Any] | None = None
+        records: list[_Raw] = []
+        for seq, (kind, phase, at, run_id, parent, slot) in rows:
+            data = slot
+            if type(slot) is int:
+                if packed is None:
+                    assert self._packed is not None  # an int slot indexes the packed array
+                    packed = _unpack(self._packed)
+                data = packed[slot]
+            elif type(slot) is bytes:
+                data = _unpack(slot)
+            records.append((seq, kind, phase, at, data, run_id, parent))
+        return records
 
     def append(
         self,
@@ -256,8 +293,7 @@ class EventLog:
     def close(self) -> None:
         """No more events will come (the run, or the whole tree, is terminal)."""
         with self._lock:
-            if not self._closed:
-                _pack_history(self._cols)
+            first = not self._closed
             self._closed = True
             waiters, self._waiters = self._waiters, []
             if self._cond is not None:
@@ -265,6 +301,21 @@ class EventLog:
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
+        if first:
+            # Compacting is deferred by one close: a run whose handle is dropped at once (most
+            # are) is freed before it, so its history is never packed for nothing.
+            _compact_closed()
+            _closed_logs.append(weakref.ref(self))
+
+    def compact(self) -> None:
+        """Pack a closed log's collector-tracked data (see the module docstring); once.
+
+        Done for every closed log by the next log's close, if it is still held then.
+        """
+        with self._lock:
+            if self._closed and not self._compacted:
+                self._packed = _pack_history(self._cols)
+                self._compacted = True
 
     @property
     def observed(self) -> bool:

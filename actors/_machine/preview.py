@@ -11,7 +11,7 @@ marked in place (`"…(+N chars)"`, a trailing `"…(+N items)"`), so a reader k
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
@@ -107,17 +107,18 @@ def decision_preview(
         all_steps = decision.steps  # type: ignore[union-attr]
         steps: list[dict[str, Any]] = []
         for step in all_steps[:PREVIEW_ITEMS] if len(all_steps) > PREVIEW_ITEMS else all_steps:
-            if isinstance(step, SubagentCall):
-                steps.append({"agent": step.agent, "task": preview(step.task)})
-            else:
-                steps.append(
-                    {
-                        "tool": step.name,
-                        "arguments": _step_arguments(step, tools)
-                        if step.arguments
-                        else NO_ARGUMENTS,
-                    }
-                )
+            # The discriminator, not isinstance: pydantic's metaclass makes that one slow.
+            if step.kind == "subagent":
+                sub = cast(SubagentCall, step)
+                steps.append({"agent": sub.agent, "task": preview(sub.task)})
+                continue
+            call = cast(ToolCall, step)
+            steps.append(
+                {
+                    "tool": call.name,
+                    "arguments": _step_arguments(call, tools) if call.arguments else NO_ARGUMENTS,
+                }
+            )
         out["steps"] = steps
         if len(all_steps) > PREVIEW_ITEMS:
             out["more_steps"] = len(all_steps) - PREVIEW_ITEMS
