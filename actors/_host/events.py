@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from steerable.actors._engine.packing import packb
 from steerable.actors._machine.preview import NO_ARGUMENTS
 from steerable.actors._observe.feed import Feed, build_event
 from steerable.protocol import EventKind, Phase, RunEvent
@@ -64,13 +65,13 @@ def _pack_history(cols: deque[Any]) -> bytes | None:
     try:
         # No `default`: what msgpack does not carry as itself keeps its dict, so a reader gets
         # what was appended (as JSON encodes it, lists for tuples).
-        blob: bytes | None = msgpack.packb([slots[i] for i in where], use_bin_type=True)
+        blob: bytes | None = packb([slots[i] for i in where])
     except (TypeError, ValueError, OverflowError):
         blob = None
     if blob is None:
         for i in where:  # one dict msgpack cannot carry: pack the others one by one
             try:
-                slots[i] = msgpack.packb(slots[i], use_bin_type=True)
+                slots[i] = packb(slots[i])
             except (TypeError, ValueError, OverflowError):
                 continue
     else:

@@ -100,6 +100,8 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         # The run_ended event of a terminal state whose checkpoint is not stored yet.
         self._ended: tuple[Phase | None, dict[str, Any]] | None = None
         self._store_error: AgentError | None = None  # the store gave up a write of this run
+        # The `on_failed` of every journal write (one per tool result): made on first use.
+        self._journal_failed: Callable[[AgentError], None] | None = None
         self._final_state: RunState | None = None  # what the host sees instead of the machine's
         self._timers: dict[tuple[TimerKind, str], tuple[float, int, int]] = {}
         self._timer_seq = 0

@@ -48,6 +48,7 @@ class SupervisorEnding(SupervisorWork):
     hooks: Mapping[HookName, Sequence[Callable[[RunEvent], object]]]
     _ended: tuple[Phase | None, dict[str, Any]] | None
     _store_error: AgentError | None
+    _journal_failed: Callable[[AgentError], None] | None
     _final_state: RunState | None
     _hooks_pending: int
     _wall: float
@@ -209,7 +210,10 @@ class SupervisorEnding(SupervisorWork):
         """
         if self._store_error is not None:
             return
-        self.services.store.journal(self.cell.run_id, result, on_failed=self._failure_callback(-1))
+        on_failed = self._journal_failed
+        if on_failed is None:
+            on_failed = self._journal_failed = self._failure_callback(-1)
+        self.services.store.journal(self.cell.run_id, result, on_failed=on_failed)
 
     def _failure_callback(self, revision: int) -> Callable[[AgentError], None]:
         ref = self.actor_ref

@@ -12,12 +12,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from itertools import islice
+from operator import lt
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 from pydantic_core import to_jsonable_python
 
 from steerable.actors._engine.log import get_logger
+from steerable.actors._engine.packing import packb
 from steerable.protocol import AgentError, EventKind, Phase, RunEvent
 from steerable.protocol.codec import redact
 
@@ -113,9 +116,10 @@ class MemoryEvents:
         rows = list(records)
         if not rows:
             return
-        ascending = rows[0][0] > self._last and all(
-            rows[i][0] < rows[i + 1][0] for i in range(len(rows) - 1)
-        )
+        seqs = [row[0] for row in rows]
+        # Compared in C (`map(lt, ...)`), not by a generator step per event: a run's whole
+        # history arrives here at once when its outcome is published.
+        ascending = seqs[0] > self._last and all(map(lt, seqs, islice(seqs, 1, None)))
         if not ascending:
             rows = self._merged(rows)
             self._segments.clear()
@@ -177,7 +181,7 @@ def _packed(trace_id: str, rows: list[EventRecord]) -> tuple[bytes, list[EventRe
     (a custom event's non-JSON-like data) is converted as the codec converts it, or left out
     and logged as `SqliteStore` leaves it out."""
     try:
-        return msgpack.packb(rows, use_bin_type=True), rows
+        return packb(rows), rows
     except (ValueError, TypeError, OverflowError, RecursionError):
         pass
     kept = []

@@ -15,6 +15,7 @@ from typing import Any, Final
 
 import msgpack
 
+from steerable.actors._engine.packing import packb
 from steerable.protocol import (
     AgentError,
     HostMessage,
@@ -64,7 +65,7 @@ def _revision(revision: int, dynamic: dict[str, Any]) -> _Revision:
     try:
         # No `default`: anything msgpack does not carry as itself (a secret, a model, an int
         # past 64 bits) keeps the dict, so that a load returns what was written.
-        body = msgpack.packb(dynamic, use_bin_type=True)
+        body = packb(dynamic)
     except (TypeError, ValueError, OverflowError):
         body = dynamic
     get = dynamic.get  # a body load would refuse is stored as it is: load validates it
