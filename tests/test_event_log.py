@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -149,3 +150,63 @@ def test_a_built_event_is_the_model_validation_would_make() -> None:
     assert built[1].model_fields_set >= validated[1].model_fields_set
     with pytest.raises(ValidationError):
         built[0].seq = 5  # type: ignore[misc]
+
+
+def _recorded(log: EventLog) -> list[tuple[int, EventKind, Phase | None, float, object, str]]:
+    log.close()
+    return [(e.seq, e.kind, e.phase, e.at, e.data, e.run_id) for e in log.stream()]
+
+
+def test_a_step_appended_at_once_is_the_same_as_one_append_per_event() -> None:
+    step: list[tuple[EventKind, Phase | None, dict[str, Any]]] = [
+        (EventKind.PLANNING_FINISHED, Phase.PLAN, {"calls": ["c1.0"], "approvals": 0}),
+        (EventKind.CHECKPOINT, None, {"revision": 3}),
+        (EventKind.TOOL_STARTED, Phase.EXECUTE, {"call_id": "c1.0"}),
+    ]
+    one_by_one, at_once = EventLog("t" * 32, max_history=4), EventLog("t" * 32, max_history=4)
+    for log in (one_by_one, at_once):
+        log.append("run_a", EventKind.REASONING_FINISHED, Phase.REASON, 1.0, {})
+    for kind, phase, data in step:
+        one_by_one.append("run_a", kind, phase, 2.0, data, "run_p")
+    at_once.append_step("run_a", 2.0, "run_p", list(step))
+    at_once.append("run_a", EventKind.EXECUTE_FINISHED, Phase.EXECUTE, 3.0, {})
+    one_by_one.append("run_a", EventKind.EXECUTE_FINISHED, Phase.EXECUTE, 3.0, {})
+    assert len(at_once) == len(one_by_one) == 5
+    assert at_once.first_seq == one_by_one.first_seq == 1  # the bound drops the oldest
+    assert _recorded(at_once) == _recorded(one_by_one)
+
+
+def test_a_step_wakes_a_sleeping_reader_and_the_feed_sees_each_event() -> None:
+    feed = Feed(name="event-log-step-feed")
+    fed: list[int] = []
+    all_fed = threading.Event()
+
+    def subscriber(event: RunEvent) -> None:
+        fed.append(event.seq)
+        if len(fed) == 2:
+            all_fed.set()
+
+    unsubscribe = feed.subscribe(subscriber)
+    try:
+        log = EventLog("t" * 32, feed=feed)
+        seen: list[int] = []
+        reader = threading.Thread(
+            target=lambda: seen.extend(e.seq for e in log.stream(timeout=GUARD)),
+            name="event-log-step-reader",
+        )
+        reader.start()
+        log.append_step(
+            "run_a",
+            1.0,
+            None,
+            [(EventKind.CHECKPOINT, None, {"revision": 0}), (EventKind.STATE_CHANGED, None, {})],
+        )
+        assert all_fed.wait(GUARD)
+        log.close()
+        reader.join(GUARD)
+        assert not reader.is_alive()
+    finally:
+        unsubscribe()
+        feed.close()
+    assert seen == [0, 1]
+    assert fed == [0, 1]

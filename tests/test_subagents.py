@@ -172,6 +172,37 @@ def test_a_subagent_call_starts_a_child_run_with_its_own_id_parent_trace_and_dep
     assert (result.state, result.ok, result.error) == (RunState.FINISHED, True, None)
 
 
+def test_a_tree_stream_keeps_cause_before_effect_across_its_runs() -> None:
+    # A run's events are appended when its step ends, except what another run may see first:
+    # a child's first event follows its parent's subagent_started, its run_ended precedes the
+    # parent's subagent_finished, and seqs follow that order.
+    lead = ScriptedAgent(
+        [Plan(steps=[SubagentCall(agent="manager", task="topic")])],
+        then=lambda view: Finish(output=outputs(view)),
+        name="lead",
+    )
+    with Runtime(tools=[echo], agents={"researcher": Researcher(), "manager": Manager()}) as rt:
+        root = rt.start("big task", agent=lead)
+        assert root.result(timeout=WAIT).state is RunState.FINISHED
+        events = list(root.events())
+    assert [e.seq for e in events] == list(range(len(events)))
+    for parent in {e.run_id for e in events}:
+        for started in (e for e in events if e.kind is EventKind.SUBAGENT_STARTED):
+            if started.run_id != parent:
+                continue
+            child = started.data["child_run_id"]
+            child_events = [e for e in events if e.run_id == child]
+            assert child_events
+            assert started.seq < child_events[0].seq
+            (finished,) = (
+                e
+                for e in events
+                if e.kind is EventKind.SUBAGENT_FINISHED and e.data["child_run_id"] == child
+            )
+            assert child_events[-1].kind is EventKind.RUN_ENDED
+            assert child_events[-1].seq < finished.seq
+
+
 def test_an_unknown_agent_is_a_typed_error_result_and_the_parent_goes_on() -> None:
     lead = ScriptedAgent(
         [

@@ -100,6 +100,7 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         # The run_ended event of a terminal state whose checkpoint is not stored yet.
         self._ended: tuple[Phase | None, dict[str, Any]] | None = None
         self._store_error: AgentError | None = None  # the store gave up a write of this run
+        self._step_events: list[tuple[EventKind, Phase | None, dict[str, Any]]] | None = None
         # The `on_failed` of every journal write (one per tool result): made on first use.
         self._journal_failed: Callable[[AgentError], None] | None = None
         self._final_state: RunState | None = None  # what the host sees instead of the machine's
@@ -142,7 +143,14 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         self._wall = clock.wall()
         handler = _HANDLERS.get(type(message))
         if handler is not None:
-            handler(self, message, now)
+            self._step_events = []
+            try:
+                handler(self, message, now)
+            finally:
+                pending, self._step_events = self._step_events, None
+                if pending:
+                    cell = self.cell
+                    cell.events.append_step(cell.run_id, self._wall, cell.parent_run_id, pending)
         machine = self.machine
         self.cell.state = machine.state if self._final_state is None else self._final_state
         if self._durable and not self._fenced:
@@ -207,6 +215,7 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         host (a `lease_lost` event, and `result()` raises `run_owned`).
         """
         self._fenced = True
+        self._flush_events()
         cell = self.cell
         self._log.warning("run_fenced_out", epoch=cell.epoch)
         self._held.clear()
@@ -253,6 +262,7 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
             phase = Phase.REASON
         cell = self.cell
         data = {"live": True, **message.data}
+        self._flush_events()
         cell.events.append(cell.run_id, message.kind, phase, self._wall, data,
                            cell.parent_run_id)  # fmt: skip
 

@@ -147,8 +147,12 @@ class SupervisorEnding(SupervisorWork):
             or kind is _APPROVAL_SETTLED
             or self.hooks
         ):
-            # Most events of most runs: straight to the log (identity tests: an enum's hash
-            # is a Python-level call).
+            # Most events of most runs: to the log, with the rest of the step's (identity
+            # tests: an enum's hash is a Python-level call).
+            pending = self._step_events
+            if pending is not None:
+                pending.append((kind, phase, data))
+                return
             cell = self.cell
             cell.events.append(cell.run_id, kind, phase, self._wall, data, cell.parent_run_id)
             return
@@ -165,6 +169,7 @@ class SupervisorEnding(SupervisorWork):
         self._emit(kind, phase, data)
 
     def _emit(self, kind: EventKind, phase: Phase | None, data: dict[str, Any]) -> None:
+        self._flush_events()  # hooks, approvals and the outcome see every earlier event
         cell = self.cell
         if kind is EventKind.APPROVAL_REQUESTED:
             cell.approval_requested(
@@ -263,14 +268,15 @@ class SupervisorEnding(SupervisorWork):
         store.write_checkpoint(
             cell.run_id, revision, snapshot, entries_from, entries, on_stored, on_failed=on_failed
         )
-        cell.events.append(
-            cell.run_id,
-            EventKind.CHECKPOINT,
-            None,
-            snapshot["updated_at"],
-            {"revision": revision},
-            cell.parent_run_id,
-        )
+        data = {"revision": revision}
+        pending = self._step_events
+        if pending is not None:  # stamped `updated_at`, which is this step's `_wall`
+            pending.append((EventKind.CHECKPOINT, None, data))
+        else:
+            cell.events.append(
+                cell.run_id, EventKind.CHECKPOINT, None, snapshot["updated_at"], data,
+                cell.parent_run_id,
+            )  # fmt: skip
 
     def settled(self, outcome: RunOutcome) -> None:
         """Terminal: publish the outcome once its checkpoint is stored, never later: hooks
@@ -284,6 +290,7 @@ class SupervisorEnding(SupervisorWork):
             # What the store holds: the run's last stored revision (-1: none).
             outcome = outcome.model_copy(update={"revision": self._stored})
         self._outcome = outcome
+        self._flush_events()
         self.cell.state = outcome.state
         self.cell.close_approvals()
         self._finish()
@@ -359,6 +366,7 @@ class SupervisorEnding(SupervisorWork):
             return
         self._outcome = None
         self._published = True
+        self._flush_events()  # a host that has the outcome has every event before it
         # Leave the directory first: once result() returns, the run is no longer live.
         self.services.host.run_ended(self.cell.run_id)
         self.cell.settle(outcome)

@@ -23,7 +23,7 @@ from steerable.actors._engine.timer import TimerHandle
 from steerable.actors._machine.effects import CallJob, ChildJob, TimerKind
 from steerable.actors._machine.machine import MODEL_KEY, RunMachine
 from steerable.actors._tools.tool import Tool, ToolContext
-from steerable.protocol import AgentError, ErrorCode, EventKind, RunView, SideEffect
+from steerable.protocol import AgentError, ErrorCode, EventKind, Phase, RunView, SideEffect
 
 from .jobs import Accept, DecideJob, ToolDone, ToolJob
 from .live import LiveEvent, ModelCallContext
@@ -66,11 +66,28 @@ class SupervisorWork:
     _timer_seq: int
     _alarm: TimerHandle | None
     _alarm_at: float
+    _wall: float
+    # The events of the step being handled, appended together when it ends (None: no step).
+    _step_events: list[tuple[EventKind, Phase | None, dict[str, Any]]] | None
 
     if TYPE_CHECKING:  # provided by pykka's Actor (no stub shadows it at run time)
 
         @property
         def actor_ref(self) -> pykka.ActorRef[Any]: ...
+
+    def _flush_events(self) -> None:
+        """Append the events this step has buffered so far.
+
+        Called when the step ends, and before anything that another run, or the host, may
+        see before the step ends: a child run starting or being cancelled, an event that
+        fires hooks or settles approvals, a run's outcome. So the log's order is the order
+        of emission, also across the runs of a tree.
+        """
+        pending = self._step_events
+        if pending:
+            cell = self.cell
+            cell.events.append_step(cell.run_id, self._wall, cell.parent_run_id, pending)
+            self._step_events = []
 
     def decide(self, model_call: int, view: RunView, deadline: float) -> None:
         """Run the agent's decide on a worker (or the event loop for `async def decide`).
@@ -189,6 +206,7 @@ class SupervisorWork:
     def start_child(self, job: ChildJob) -> None:
         """Start (or resume) the child run of a subagent call (R3: its own run id)."""
         self._children[job.call_id] = job.run_id
+        self._flush_events()  # the child's first events follow its subagent_started
         self.services.host.start_child(self.cell, job)
 
     def cancel_work(self, key: str, reason: str) -> None:
@@ -198,6 +216,7 @@ class SupervisorWork:
         """
         child = self._children.get(key)
         if child is not None:
+            self._flush_events()
             self.services.host.cancel_child(child, reason)
             return
         work = self._work.get(key)
@@ -229,6 +248,7 @@ class SupervisorWork:
         """
         child = self._children.pop(key, None)
         if child is not None:
+            self._flush_events()
             self.services.host.cancel_child(child, "abandoned by its parent")
             return False
         work = self._work.pop(key, None)
