@@ -12,6 +12,7 @@ The price: a handler that blocks stalls every actor on its dispatcher thread, wh
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -19,7 +20,8 @@ import queue
 import sys
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import pykka
 from pykka import messages as pykka_messages
@@ -32,7 +34,15 @@ if TYPE_CHECKING:
     from pykka._actor import ActorInbox
     from pykka._envelope import Envelope
 
-__all__ = ["Dispatcher", "MuxActor", "collect_inline", "service_inline", "tell_now"]
+__all__ = [
+    "Dispatcher",
+    "Helpers",
+    "MuxActor",
+    "collect_inline",
+    "handoff_to_workers",
+    "service_inline",
+    "tell_now",
+]
 
 _log = get_logger("steerable.mux")
 # The messages pykka itself logs for the same events go to pykka's logger, as they would for a
@@ -92,6 +102,85 @@ def service_inline(collected: list[_MuxInbox]) -> None:
             dispatcher._service_guarded(inbox, -1)
     finally:
         collected.clear()
+
+
+@contextlib.contextmanager
+def handoff_to_workers() -> Iterator[None]:
+    """Hand the actors this block's tells wake to an idle helper worker, not a dispatcher.
+
+    For a thread that wakes actors but must not handle them itself (a store's writer telling
+    runs that their revisions are stored: a handler may wait for that very writer). The actors
+    woken in the block are collected, and at its end each dispatcher gives its share to one
+    idle worker of its `helpers` pool, which handles them as it handles what its own job told
+    (`collect_inline`): the first job a handler submits stays on that worker, so a run whose
+    model call waited for the store goes on with one thread hand-off, not two. With no idle
+    worker (or no helpers) they go to the dispatcher as any tell would. A thread already
+    collecting (a job on a worker) keeps collecting for itself.
+    """
+    if getattr(_inline, "inboxes", None) is not None:
+        yield
+        return
+    collected: list[_MuxInbox] = []
+    _inline.inboxes = collected
+    try:
+        yield
+    finally:
+        _inline.inboxes = None
+        if collected:
+            _hand_off(collected)
+
+
+def _hand_off(inboxes: list[_MuxInbox]) -> None:
+    groups: dict[Dispatcher, list[_MuxInbox]] = {}
+    for inbox in inboxes:
+        dispatcher = inbox.dispatcher
+        assert dispatcher is not None
+        groups.setdefault(dispatcher, []).append(inbox)
+    for dispatcher, group in groups.items():
+        helpers = dispatcher._helpers
+        if helpers is None or not helpers.submit_if_idle(_Adopt(group)):
+            _requeue(group)
+
+
+def _requeue(inboxes: list[_MuxInbox]) -> None:
+    """Give scheduled actors back to their dispatchers' ready queues (as `put` would)."""
+    for inbox in inboxes:
+        dispatcher = inbox.dispatcher
+        assert dispatcher is not None
+        dispatcher._ready.put(inbox)
+
+
+class _Adopt:
+    """A helper worker's job: take over actors another thread woke, and handle them after it.
+
+    The actors are scheduled (their `scheduled` flag set by the tells that woke them), so no
+    other thread touches them until this worker has handled them, exactly as if its own job
+    had told them. A job the pool drops unrun (it shut down) gives them back to their
+    dispatchers, so no actor is left scheduled with nobody to handle it.
+    """
+
+    __slots__ = ("_inboxes",)
+
+    def __init__(self, inboxes: list[_MuxInbox]) -> None:
+        self._inboxes = inboxes
+
+    def run(self) -> None:
+        collected = getattr(_inline, "inboxes", None)
+        if collected is None:  # not on a worker that services what its jobs wake
+            _requeue(self._inboxes)
+        else:
+            collected.extend(self._inboxes)
+
+    def cancel_pending(self) -> None:
+        _requeue(self._inboxes)
+
+
+class Helpers(Protocol):
+    """What a dispatcher needs of the pool whose idle workers take its hand-offs."""
+
+    def submit_if_idle(self, job: Any, /) -> bool:
+        """Run `job` on an idle worker now; False (and nothing done) if none is idle."""
+        ...
 
 
 def tell_now(ref: pykka.ActorRef[Any], message: object) -> None:
@@ -188,16 +277,24 @@ class Dispatcher:
         name: Thread-name prefix (default "steerable-dispatch"); threads are `"{name}-{i}"`.
         batch: Most envelopes (default 64) one actor handles before the thread moves on to the
             next ready actor, so a chatty actor cannot starve the others.
+        helpers: The pool whose idle workers handle the actors a `handoff_to_workers` block
+            wakes (the runtime's worker pool); None: the dispatcher handles them.
     """
 
     def __init__(
-        self, *, threads: int = 1, name: str = "steerable-dispatch", batch: int = 64
+        self,
+        *,
+        threads: int = 1,
+        name: str = "steerable-dispatch",
+        batch: int = 64,
+        helpers: Helpers | None = None,
     ) -> None:
         if threads < 1:
             raise ValueError("a dispatcher needs at least one thread")
         if batch < 1:
             raise ValueError("batch must be at least 1")
         self._name = name
+        self._helpers = helpers
         self._batch = batch
         self._thread_count = threads
         self._ready: queue.SimpleQueue[object] = queue.SimpleQueue()  # _MuxInbox or _STOP

@@ -345,6 +345,31 @@ class WorkerPool:
             return self.submit(job)
         return True
 
+    def submit_if_idle(self, job: Job) -> bool:
+        """Hand `job` to an idle worker now, if one is idle. Never blocks, never starts a thread.
+
+        Returns:
+            False, with nothing done, if no worker is idle, the pool is shut down, or the idle
+            worker was stopped behind the pool's back (T9): the caller does the work another
+            way. True once a worker has the job.
+        """
+        key = id(job)
+        with self._lock:
+            if self._closed or not self._idle:
+                return False
+            slot = self._idle.pop()
+            slot.job = job
+            self._running[key] = slot
+            ref = slot.ref
+        assert ref is not None
+        try:
+            ref.tell(job)
+        except pykka.ActorDeadError:  # its on_stop forgets the slot
+            with self._cond:
+                self._running.pop(key, None)
+            return False
+        return True
+
     def abandon(self, job: Job) -> bool:
         """Give up on `job` (it timed out or was cancelled); never blocks, never waits for it.
 

@@ -154,7 +154,6 @@ class Runtime(RunLaunching, RunAddressing, RuntimeShutdown, ObservingFace):
         except BaseException:
             runtime_executors.shutdown(1.0)
             raise
-        dispatcher = Dispatcher(threads=dispatcher_threads, name="steerable-dispatch")
         timer = TimerService(self.clock, name="steerable-timer")
         pool = WorkerPool(
             max_workers=max_workers,
@@ -162,6 +161,9 @@ class Runtime(RunLaunching, RunAddressing, RuntimeShutdown, ObservingFace):
             max_abandoned=max_abandoned,
             name="ToolWorker",
         )
+        # A store's writer hands the runs it wakes to an idle worker, on which the decide a
+        # stored revision releases then starts (docs/decisions/0003-writer-handoff.md).
+        dispatcher = Dispatcher(threads=dispatcher_threads, name="steerable-dispatch", helpers=pool)
         hook_pool = WorkerPool(
             max_workers=hook_workers, max_abandoned=max_abandoned, name="steerable-hooks"
         )

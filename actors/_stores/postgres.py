@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from steerable.actors._engine.log import get_logger
+from steerable.actors._engine.mux import handoff_to_workers
 from steerable.protocol import (
     AgentError,
     ErrorCode,
@@ -340,15 +341,18 @@ class PostgresStore(PostgresReads, PostgresEvents, PostgresOwnership, Checkpoint
             self._leased.update(r for r, ok in fence.items() if ok and writes.held[r][1] == 1)
             fenced = {run_id for run_id, ok in fence.items() if not ok}
             self._after_commit(batch, fenced)
-        for index, (op, done, failed) in enumerate(batch):
-            why = error if error is not None else refused.get(index)
-            if why is None and op[0] == "inbox" and op[1] in fenced:
-                why = message_fenced(op[1], writes.held[op[1]][1])
-            if why is None:
-                if op[0] not in FENCED_OPS or op[1] not in fenced:
-                    notify_stored(done)  # a refused (fenced) write is never said stored
-            else:
-                notify_failed(done, failed, why)
+        # The runs told here are handled by an idle worker, never on this thread: a handler
+        # may flush, i.e. wait for this very thread.
+        with handoff_to_workers():
+            for index, (op, done, failed) in enumerate(batch):
+                why = error if error is not None else refused.get(index)
+                if why is None and op[0] == "inbox" and op[1] in fenced:
+                    why = message_fenced(op[1], writes.held[op[1]][1])
+                if why is None:
+                    if op[0] not in FENCED_OPS or op[1] not in fenced:
+                        notify_stored(done)  # a refused (fenced) write is never said stored
+                else:
+                    notify_failed(done, failed, why)
         if fenced and error is None:
             self._fenced(fenced)
 

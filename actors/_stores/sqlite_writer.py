@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from steerable.actors._engine.log import get_logger
+from steerable.actors._engine.mux import handoff_to_workers
 from steerable.protocol import AgentError, ErrorCode, SteerableError
 from steerable.protocol._codec import encode, encode_body
 
@@ -123,13 +124,16 @@ class SqliteWriter(SqliteApply):
         refused: dict[int, SteerableError] = {}
         error = self._transact(conn, batch, refused)
         fenced, self._fenced_now = self._fenced_now, set()
-        for index, (op, done, failed) in enumerate(batch):
-            why = error if error is not None else refused.get(index)
-            if why is None:
-                if op[0] not in _FENCED_OPS or op[1] not in fenced:
-                    notify_stored(done)  # a refused (fenced) write is never said stored
-            else:
-                notify_failed(done, failed, why)
+        # The runs told here are handled by an idle worker, never on this thread: a handler
+        # may flush, i.e. wait for this very thread.
+        with handoff_to_workers():
+            for index, (op, done, failed) in enumerate(batch):
+                why = error if error is not None else refused.get(index)
+                if why is None:
+                    if op[0] not in _FENCED_OPS or op[1] not in fenced:
+                        notify_stored(done)  # a refused (fenced) write is never said stored
+                else:
+                    notify_failed(done, failed, why)
         if fenced and error is None:
             self._fenced(fenced)
 
