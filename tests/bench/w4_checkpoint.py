@@ -2,8 +2,9 @@
 
 Figures, per store (in memory; `SqliteStore` when it exists):
 - µs per checkpoint near iteration 10 and near iteration 1,000: each `write_checkpoint` call is
-  timed by a subclass of the store (what the supervisor's thread pays); medians of the calls
-  writing iterations 5-15 and 990-1,000. Floor: `msgpack.packb` of the same snapshot dict.
+  timed by a subclass of the store (what the supervisor's thread pays); means of the calls
+  writing iterations 5-15 and 990-1,000, their highest and lowest tenth left out (see
+  `_trimmed_mean`). Floor: `msgpack.packb` of the same snapshot dict.
 - bytes the store holds for the whole run / the transcript's size (sum of encoded entries).
 - SqliteStore only: time to load the latest state of a 1,000-iteration run in a fresh process
   (`SqliteStore(path).load(run_id)`, imports excluded and reported apart), and the load plus
@@ -112,7 +113,20 @@ def _median(values: Sequence[float]) -> float:
 
 def _window(timing: _Timing, lo_iter: int, hi_iter: int, col: int) -> float:
     # Each iteration adds 2 entries (decision, result): transcript length ~ 2 * iteration.
-    return _median([c[col] for c in timing.calls if 2 * lo_iter <= c[0] < 2 * hi_iter])
+    return _trimmed_mean([c[col] for c in timing.calls if 2 * lo_iter <= c[0] < 2 * hi_iter])
+
+
+def _trimmed_mean(values: Sequence[float], cut: float = 0.1) -> float:
+    """The mean without the lowest and highest `cut` of the values.
+
+    Not the median: an iteration's two checkpoints can cost apart (with `SqliteStore`,
+    unpinned, one of them often waits for the GIL the woken writer holds), and the median
+    of a window holding as many of each flips between the two.
+    """
+    data = sorted(values)
+    k = int(len(data) * cut)
+    kept = data[k : len(data) - k] if len(data) > 2 * k else data
+    return sum(kept) / len(kept) if kept else float("nan")
 
 
 def _size(item: Any, kind: str = "entry") -> int:
