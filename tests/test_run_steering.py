@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from steerable.actors import Runtime, ToolContext, tool
+from steerable.actors import RunHandle, Runtime, ToolContext, tool
 from steerable.actors.testing import Gate, ScriptedAgent, call, plan, wait_event, wait_state
 from steerable.protocol import (
     AskUser,
@@ -331,3 +331,26 @@ def test_interrupt_while_the_model_thinks_discards_its_answer() -> None:
     assert outcome.output == "redirected"
     assert ran == []  # the stale plan was never run
     assert [m.content for m in agent.views[1].delivered] == ["forget it"]
+
+
+def test_a_tool_can_interrupt_another_run_and_wait_for_it(gate: Gate) -> None:
+    # A tool's own tells are never held back until it returns (docs/decisions/0002): the
+    # interrupt reaches the other run while this tool still waits for that run's outcome.
+    others: list[RunHandle] = []
+
+    @tool(side_effect="none")
+    def steer_other() -> str:
+        others[0].send("stop now", mode="interrupt")
+        return others[0].result(timeout=WAIT).state.value
+
+    other = ScriptedAgent([plan(call("g")), Finish(output="stopped")])
+    outer = ScriptedAgent([plan(call("steer_other")), Finish(output="done")])
+    with Runtime(tools=[gate.tool("g"), steer_other]) as rt:
+        others.append(rt.start("inner", agent=other))
+        gate.wait_started(1)
+        outcome = rt.start("outer", agent=outer).result(timeout=WAIT)
+        assert others[0].result(timeout=WAIT).state is RunState.FINISHED
+    assert outcome.state is RunState.FINISHED
+    steered = _results(outer.views[1])
+    assert [(r.ok, r.value) for r in steered] == [(True, "finished")]
+    assert gate.stopped.is_set()  # the inner run's call was interrupted, not released

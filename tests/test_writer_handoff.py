@@ -153,22 +153,25 @@ def test_without_helpers_or_outside_the_block_the_dispatcher_handles_it(
         helped.stop()
 
 
-def test_a_worker_already_collecting_handles_what_it_wakes_itself(pool: WorkerPool) -> None:
+def test_a_jobs_own_tells_are_not_held_back_until_it_returns(pool: WorkerPool) -> None:
+    # Only a job's report is collected for its worker (decision 0002): what the user code it
+    # runs tells is handled meanwhile, elsewhere, so that code may wait for it.
     dispatcher = _dispatcher(pool)
     try:
         actor = _Record()
         ref = _started(dispatcher, actor)
 
-        class _Wakes(_Job):
+        class _Waits(_Job):
             def run(self) -> None:
-                with handoff_to_workers():
-                    ref.tell("woken")
+                ref.tell("woken")
+                self.seen = actor.handled.wait(WAIT)
                 super().run()
 
-        job = _Wakes()
+        job = _Waits()
         assert pool.submit(job)
-        assert actor.handled.wait(WAIT)
-        assert actor.threads[-1] == job.thread  # the job's own worker, after the job
+        assert job.ran.wait(WAIT)
+        assert job.seen
+        assert actor.threads[-1] != job.thread
         ref.stop()
     finally:
         dispatcher.stop()

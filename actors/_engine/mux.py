@@ -41,6 +41,7 @@ __all__ = [
     "collect_inline",
     "handoff_to_workers",
     "service_inline",
+    "tell_collected",
     "tell_now",
 ]
 
@@ -74,19 +75,40 @@ os.register_at_fork(after_in_child=_new_urn_prefix)
 # Handoff elision: a worker thread that reports a result to a supervisor may handle that
 # supervisor's messages itself, right after its job, instead of waking a dispatcher thread
 # (each thread handoff costs tens of microseconds; docs/pykka.md, last section). While a thread
-# collects, `put` records actors it schedules here instead of on the ready queue; the thread
-# then services them exactly as a dispatcher thread would. Exclusivity is unchanged: the
-# `scheduled` flag still gives each actor to one thread at a time.
+# collects (`_inline.inboxes` is a list), `put` records actors it schedules there instead of on
+# the ready queue; the thread then services them exactly as a dispatcher thread would.
+# Exclusivity is unchanged: the `scheduled` flag still gives each actor to one thread at a
+# time. A worker collects only its job's own report (`tell_collected`), never the tells of the
+# user code the job runs: a tool that steers another run and waits for it must not have its
+# message held back until it returns.
 _inline = threading.local()
 
 
 def collect_inline(collected: list[_MuxInbox] | None = None) -> list[_MuxInbox]:
-    """Start collecting actors this thread schedules into `collected` (empty; default: a
-    new list); returns the list they go to."""
+    """Have this thread's `tell_collected` calls collect the actors they wake into
+    `collected` (empty; default: a new list) until `service_inline`; returns the list."""
     if collected is None:
         collected = []
-    _inline.inboxes = collected
+    _inline.target = collected
     return collected
+
+
+def tell_collected(ref: pykka.ActorRef[Any], message: object) -> None:
+    """Tell `ref` a job's result: after `collect_inline`, the actor it wakes is collected for
+    this thread to handle after the job (handoff elision); otherwise an ordinary tell.
+
+    Raises:
+        pykka.ActorDeadError: The actor is stopped.
+    """
+    target = getattr(_inline, "target", None)
+    if target is None:
+        ref.tell(message)
+        return
+    _inline.inboxes = target
+    try:
+        ref.tell(message)
+    finally:
+        _inline.inboxes = None
 
 
 def service_inline(collected: list[_MuxInbox]) -> None:
@@ -94,6 +116,7 @@ def service_inline(collected: list[_MuxInbox]) -> None:
 
     Leaves `collected` empty, for the next `collect_inline` of this thread.
     """
+    _inline.target = None
     _inline.inboxes = None
     try:
         for inbox in collected:
@@ -165,8 +188,8 @@ class _Adopt:
         self._inboxes = inboxes
 
     def run(self) -> None:
-        collected = getattr(_inline, "inboxes", None)
-        if collected is None:  # not on a worker that services what its jobs wake
+        collected = getattr(_inline, "target", None)
+        if collected is None:  # not on a worker that services what its jobs report to
             _requeue(self._inboxes)
         else:
             collected.extend(self._inboxes)

@@ -22,6 +22,7 @@ from steerable.actors._engine.cancel import Cancelled
 from steerable.actors._engine.clock import Clock
 from steerable.actors._engine.executor import Executor, OutcomeKind, RemoteHandle, RemoteOutcome
 from steerable.actors._engine.log import get_logger
+from steerable.actors._engine.mux import tell_collected
 from steerable.actors._tools.remote import decode_result, encode_call
 from steerable.actors._tools.tool import (
     RetryableToolError,
@@ -94,7 +95,7 @@ class HookDone:
 
 def _tell(ref: pykka.ActorRef[Any], message: object) -> None:
     try:
-        ref.tell(message)
+        tell_collected(ref, message)  # on a worker: handled by it after the job (decision 0002)
     except pykka.ActorDeadError:
         # The run ended (or was passivated) before this late result: nothing waits for it.
         _log.debug("late_message_dropped", message=type(message).__name__)
