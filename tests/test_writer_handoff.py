@@ -278,3 +278,35 @@ def test_a_postgres_runs_stored_revisions_reach_it_through_a_worker(
         store.close()
     assert adopted
     assert all(name.startswith("ToolWorker-") for name in adopted)
+
+
+class _Where:
+    """Finishes at once, recording the thread its decide ran on."""
+
+    name = "where"
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+
+    def decide(self, view: Any) -> Finish:
+        self.threads.append(threading.current_thread().name)
+        return Finish(output="done")
+
+
+def test_a_run_starts_on_an_idle_worker_which_keeps_its_first_decide(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    adopted: list[str] = []
+    run = mux._Adopt.run
+
+    def counted(self: Any) -> None:
+        adopted.append(threading.current_thread().name)
+        run(self)
+
+    monkeypatch.setattr(mux._Adopt, "run", counted)
+    agent = _Where()
+    with Runtime(prestart_workers=1) as rt:  # one idle worker, nothing else running
+        outcome = rt.start("task", agent=agent).result(timeout=WAIT)
+    assert outcome.state is RunState.FINISHED
+    assert len(adopted) == 1  # on_start and Begin, handed over together
+    assert agent.threads == adopted  # the first decide stayed on that worker

@@ -407,7 +407,11 @@ class Dispatcher:
             if self._stopping:
                 raise RuntimeError("Dispatcher is stopped: cannot start an actor on it")
             self._live.add(inbox)
-        self._ready.put(inbox)
+        collected = getattr(_inline, "inboxes", None)
+        if collected is not None:  # started in a `handoff_to_workers` block: collected too
+            collected.append(inbox)
+        else:
+            self._ready.put(inbox)
 
     def _drain_unstarted(self) -> None:
         while True:

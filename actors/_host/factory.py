@@ -15,6 +15,7 @@ from typing import Any
 import pykka
 
 from steerable.actors._engine.log import get_logger
+from steerable.actors._engine.mux import handoff_to_workers
 from steerable.actors._machine.machine import RunMachine
 from steerable.actors._tools.tool import Tool, tool
 from steerable.protocol import (
@@ -331,17 +332,22 @@ class RunFactory:
             "tools": entry.tools,
             "hooks": entry.hooks,
         }
-        try:
-            if entry.link is not None:
-                ref: pykka.ActorRef[Any] = ChildRun.start(link=entry.link, **kwargs)
-            else:
-                ref = RunSupervisor.start(**kwargs)
-        except RuntimeError as exc:  # docs/pykka.md T1: starting an actor is fallible
-            raise SteerableError(
-                AgentError.of(ErrorCode.RESOURCE_EXHAUSTED, f"could not start a supervisor: {exc}")
-            ) from exc
-        entry.ref = ref
-        ref.tell(launch.begin)
+        # Started and told to begin in one hand-off: an idle worker (if any) runs on_start and
+        # Begin, and keeps the first decide they submit (docs/decisions/0003-writer-handoff.md).
+        with handoff_to_workers():
+            try:
+                if entry.link is not None:
+                    ref: pykka.ActorRef[Any] = ChildRun.start(link=entry.link, **kwargs)
+                else:
+                    ref = RunSupervisor.start(**kwargs)
+            except RuntimeError as exc:  # docs/pykka.md T1: starting an actor is fallible
+                raise SteerableError(
+                    AgentError.of(
+                        ErrorCode.RESOURCE_EXHAUSTED, f"could not start a supervisor: {exc}"
+                    )
+                ) from exc
+            entry.ref = ref
+            ref.tell(launch.begin)
 
     def _store_events(self, entry: RunEntry, launch: Launch) -> None:
         """A top-level run's event log goes to the store; a resumed run's stream continues
