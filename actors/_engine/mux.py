@@ -207,10 +207,11 @@ class Helpers(Protocol):
 
 
 def tell_now(ref: pykka.ActorRef[Any], message: object) -> None:
-    """Tell `ref` now, even from a job whose tells are collected for after it (live events).
+    """Tell `ref` now, never collected for later, even inside a collecting section (live events).
 
-    A job's tells normally wait until it ends (handoff elision); a message meant to be seen
-    while the job runs (a streaming delta) goes straight to a dispatcher thread instead.
+    A job's report is collected for its worker to handle after the job (handoff elision);
+    the user code a job runs is not, but a message meant to be seen while the job runs (a
+    streaming delta) says so explicitly, whatever section it is told from.
 
     Raises:
         pykka.ActorDeadError: The actor is stopped.
