@@ -399,6 +399,12 @@ ROWS: list[Row] = [
     ),
     Row(
         "W4",
+        "sqlite: wall µs/checkpoint @iter 1,000 (waits for the GIL included)",
+        "w4_checkpoint.sqlite",
+        "ckpt_wall_us_late",
+    ),
+    Row(
+        "W4",
         "sqlite: flatness 1,000 / 10",
         "w4_checkpoint.sqlite",
         "flatness",
