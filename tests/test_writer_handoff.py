@@ -236,16 +236,34 @@ def note(text: str) -> str:
     return text
 
 
-def _adopted_in_a_run(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Run ten one-call steps on `store`; the threads that took over the run from its writer."""
-    adopted: list[str] = []
+@pytest.fixture
+def adopted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Each hand-off job that ran: (the thread that handed runs over, the one that took them)."""
+    jobs: list[tuple[str, str]] = []
+    made = mux._Adopt.__init__
     run = mux._Adopt.run
+    origin: dict[int, str] = {}
+
+    def init(self: Any, inboxes: Any) -> None:
+        made(self, inboxes)
+        origin[id(self)] = threading.current_thread().name
 
     def counted(self: Any) -> None:
-        adopted.append(threading.current_thread().name)
+        jobs.append((origin.pop(id(self), "?"), threading.current_thread().name))
         run(self)
 
+    monkeypatch.setattr(mux._Adopt, "__init__", init)
     monkeypatch.setattr(mux._Adopt, "run", counted)
+    return jobs
+
+
+def _from_writer(adopted: list[tuple[str, str]], writer: str) -> list[str]:
+    """The threads that took runs over from the store's writer thread `writer`."""
+    return [taker for giver, taker in adopted if giver.startswith(writer)]
+
+
+def _run_ten_steps(store: Any) -> None:
+    """Ten one-call steps on `store`, then Finish."""
     script: list[Plan | Finish] = [
         Plan(steps=(ToolCall(name="note", arguments={"text": str(i)}),)) for i in range(10)
     ]
@@ -255,29 +273,30 @@ def _adopted_in_a_run(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
         outcome = rt.start("task", agent=agent).result(timeout=WAIT)
     assert outcome.state is RunState.FINISHED
     assert outcome.output == "done"
-    return adopted
 
 
 def test_a_sqlite_runs_stored_revisions_reach_it_through_a_worker(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, adopted: list[tuple[str, str]]
 ) -> None:
-    adopted = _adopted_in_a_run(SqliteStore(tmp_path / "runs.db"), monkeypatch)
+    _run_ten_steps(SqliteStore(tmp_path / "runs.db"))
     # The writer's commits woke the run through idle workers. Not every commit does: one that
     # lands while the run is still being handled only adds to its inbox.
-    assert adopted
-    assert all(name.startswith("ToolWorker-") for name in adopted)
+    takers = _from_writer(adopted, "steerable-sqlite")
+    assert takers
+    assert all(name.startswith("ToolWorker-") for name in takers)
 
 
 def test_a_postgres_runs_stored_revisions_reach_it_through_a_worker(
-    pg_schema: str, monkeypatch: pytest.MonkeyPatch
+    pg_schema: str, adopted: list[tuple[str, str]]
 ) -> None:
     store = pg_store(pg_schema)
     try:
-        adopted = _adopted_in_a_run(store, monkeypatch)
+        _run_ten_steps(store)
     finally:
         store.close()
-    assert adopted
-    assert all(name.startswith("ToolWorker-") for name in adopted)
+    takers = _from_writer(adopted, "steerable-postgres")
+    assert takers
+    assert all(name.startswith("ToolWorker-") for name in takers)
 
 
 class _Where:
@@ -294,19 +313,11 @@ class _Where:
 
 
 def test_a_run_starts_on_an_idle_worker_which_keeps_its_first_decide(
-    monkeypatch: pytest.MonkeyPatch,
+    adopted: list[tuple[str, str]],
 ) -> None:
-    adopted: list[str] = []
-    run = mux._Adopt.run
-
-    def counted(self: Any) -> None:
-        adopted.append(threading.current_thread().name)
-        run(self)
-
-    monkeypatch.setattr(mux._Adopt, "run", counted)
     agent = _Where()
     with Runtime(prestart_workers=1) as rt:  # one idle worker, nothing else running
         outcome = rt.start("task", agent=agent).result(timeout=WAIT)
     assert outcome.state is RunState.FINISHED
-    assert len(adopted) == 1  # on_start and Begin, handed over together
-    assert agent.threads == adopted  # the first decide stayed on that worker
+    assert [giver for giver, _ in adopted] == ["MainThread"]  # on_start and Begin, together
+    assert agent.threads == [taker for _, taker in adopted]  # its first decide stayed there

@@ -62,7 +62,7 @@ class _Timing:
     calling thread's CPU, floor µs, µs of wall time)."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[int, float, float]] = []
+        self.calls: list[tuple[int, float, float, float]] = []
 
 
 def timed(store_cls: type[CheckpointStore]) -> type[CheckpointStore]:
