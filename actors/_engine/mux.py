@@ -137,8 +137,8 @@ def handoff_to_workers() -> Iterator[None]:
     idle worker of its `helpers` pool, which handles them as it handles what its own job told
     (`collect_inline`): the first job a handler submits stays on that worker, so a run whose
     model call waited for the store goes on with one thread hand-off, not two. With no idle
-    worker (or no helpers) they go to the dispatcher as any tell would. A thread already
-    collecting (a job on a worker) keeps collecting for itself.
+    worker (or no helpers) they go to the dispatcher as any tell would. Inside an enclosing
+    block the enclosing one collects them.
     """
     if getattr(_inline, "inboxes", None) is not None:
         yield
