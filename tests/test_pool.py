@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -593,3 +595,22 @@ def test_a_stranded_job_hears_of_the_start_failure_itself(
         gate.set()
     assert hung.thread is not None
     hung.thread.join(WAIT)
+
+
+def test_an_idle_worker_keeps_nothing_of_its_last_job(pools: Callable[..., WorkerPool]) -> None:
+    # pykka's loop keeps the last message a worker got until the next one: the pool tells a
+    # worker "run your slot's job", never the job, so a finished run's job (its view, its
+    # arguments) is not kept alive by the worker that ran it.
+    pool = pools(max_workers=1)
+    job = Call()
+    gone = weakref.ref(job)
+    assert pool.submit(job)
+    assert job.finished.wait(WAIT)
+    for _ in range(10_000):  # its bookkeeping after the job, then idle
+        if pool.statistics()["workers_idle"] == 1:
+            break
+        job.finished.wait(0.001)
+    assert pool.statistics()["workers_idle"] == 1
+    del job
+    gc.collect()
+    assert gone() is None

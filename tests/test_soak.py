@@ -393,13 +393,13 @@ def test_concurrent_runs_leave_nothing_behind() -> None:
     }
     assert not left, f"threads left after shutdown: {sorted(left)}"
     assert stats["workers_live"] <= 64
-    # Exact: each of the 64 idle workers keeps its last job (a run's view, a few kB) alive
-    # until its next one, so up to ~1 MB may stay; a leak of 1 kB per run would add 1 MB
-    # more, of 100 bytes per run 100 kB (measured: ~0.8 MB).
+    # Exact: a leak of 1 kB per run would add 1 MB, of 100 bytes per run 100 kB (measured:
+    # 138-194 kB; 205-257 kB while each idle worker still kept its last job alive, before
+    # the pool told workers "run your slot's job" instead of the job).
     assert heap.retained_kb < 1536, f"{heap.retained_kb} kB retained after a wave"
-    # Beyond the per-run types (checked exactly above): the idle workers' last jobs make the
-    # total vary by a few hundred objects from wave to wave; a leak of even one object per
-    # run would add 1,000 per wave.
+    # Beyond the per-run types (checked exactly above): a leak of even one object per run
+    # would add 1,000 per wave (measured: +13 every time; it varied from -995 to +2,572 while
+    # idle workers kept their last jobs, which once failed this check).
     assert objects_after - objects_before < CONCURRENT, "objects accumulate per run: a leak"
     # The coarse check, on what a host sees. A wave of 1,000 live runs takes ~40 MB at its
     # peak (measured: 48 -> 88 MB); freed, most of it stays mapped (allocator arenas, and

@@ -22,7 +22,7 @@ import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
 
 import pykka
 
@@ -46,6 +46,9 @@ _worker_numbers = itertools.count(1)
 
 # Real time, on purpose: shutdown bounds how long it waits for real threads.
 _clock = SystemClock()
+
+_RUN: Final = object()
+"""What the pool tells a worker it hands a job to: "run your slot's job"."""
 
 
 class Job(Protocol):
@@ -125,8 +128,11 @@ class ToolWorker(pykka.ThreadingActor):
         (handoff elision, see `_mux.collect_inline`); the first job those handlers submit is
         claimed for this thread, so a decide -> tool -> decide loop stays on one thread.
         """
-        job: Job | None = message
         slot = self._slot
+        # Told `_RUN`, not the job: the job is in the slot (set under the pool's lock before
+        # the tell), and pykka's loop keeps the last message it got alive until the next one,
+        # so an idle worker would keep its last job (a finished run's view) for as long.
+        job: Job | None = slot.job if message is _RUN else message
         pool = self._pool
         # Reused for every job of this thread: two objects less per job on the hot path.
         collected = self._collected
@@ -336,7 +342,7 @@ class WorkerPool:
         if ref is None:
             return self._launch(slot, job)
         try:
-            ref.tell(job)
+            ref.tell(_RUN)
         except pykka.ActorDeadError:
             # T9: a host's ActorRegistry.stop_all() stopped this idle worker behind our back;
             # its on_stop forgets it. Try again with the next worker.
@@ -363,7 +369,7 @@ class WorkerPool:
             ref = slot.ref
         assert ref is not None
         try:
-            ref.tell(job)
+            ref.tell(_RUN)
         except pykka.ActorDeadError:  # its on_stop forgets the slot
             with self._cond:
                 self._running.pop(key, None)
@@ -498,7 +504,7 @@ class WorkerPool:
                 self._idle.append(slot)
                 return True
         if job is not None:
-            ref.tell(job)
+            ref.tell(_RUN)  # its slot holds the job (`_reserve`)
         else:  # a prestarted worker that raced with shutdown stops at once
             ref.stop(block=False)
         return True
@@ -532,7 +538,7 @@ class WorkerPool:
                 failed.extend(self._pending.values())
                 self._pending.clear()
         if wake is not None:
-            wake.tell(job)
+            wake.tell(_RUN)
         _log_contained("worker_start_failed", exc, worker=slot.name, job_outcome=outcome)
         accepted = True
         if caller_owns and failed and failed[0] is job:
