@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from steerable.actors import Runtime, SqliteStore, tool
-from steerable.actors._engine import mux
-from steerable.actors._engine.mux import Dispatcher, MuxActor, handoff_to_workers
+from steerable.actors._engine import inline
+from steerable.actors._engine.inline import handoff_to_workers
+from steerable.actors._engine.mux import Dispatcher, MuxActor
 from steerable.actors._engine.pool import WorkerPool
 from steerable.actors.testing import ScriptedAgent
 from steerable.protocol import Finish, Plan, RunState, ToolCall
@@ -240,8 +241,8 @@ def note(text: str) -> str:
 def adopted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """Each hand-off job that ran: (the thread that handed runs over, the one that took them)."""
     jobs: list[tuple[str, str]] = []
-    made = mux._Adopt.__init__
-    run = mux._Adopt.run
+    made = inline._Adopt.__init__
+    run = inline._Adopt.run
     origin: dict[int, str] = {}
 
     def init(self: Any, inboxes: Any) -> None:
@@ -252,8 +253,8 @@ def adopted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
         jobs.append((origin.pop(id(self), "?"), threading.current_thread().name))
         run(self)
 
-    monkeypatch.setattr(mux._Adopt, "__init__", init)
-    monkeypatch.setattr(mux._Adopt, "run", counted)
+    monkeypatch.setattr(inline._Adopt, "__init__", init)
+    monkeypatch.setattr(inline._Adopt, "run", counted)
     return jobs
 
 

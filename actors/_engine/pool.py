@@ -21,14 +21,14 @@ import itertools
 import queue
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import pykka
 
 from .clock import SystemClock
+from .inline import collect_inline, service_inline
 from .log import get_logger
-from .mux import collect_inline, service_inline
+from .slots import Job, StartFailureCallback, _Slot
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -49,38 +49,6 @@ _clock = SystemClock()
 
 _RUN: Final = object()
 """What the pool tells a worker it hands a job to: "run your slot's job"."""
-
-
-class Job(Protocol):
-    """A unit of blocking work. The job itself delivers its result; the pool only runs it.
-
-    A job may also define `cancel_pending(self) -> None`, looked up with `getattr`: the pool calls
-    it for a job still queued when the pool shuts down (it will never run), so that its caller
-    can record the call as cancelled. And `start_failed(self, exc: BaseException) -> None`: called
-    for a job the pool had accepted but can never run, because no worker thread could be started
-    for it and no live worker is left to take it (T1); it takes precedence over the pool's
-    `on_start_failure`. Neither may block or raise.
-    """
-
-    def run(self) -> None:
-        """Run on a worker thread. Should not raise: whatever it raises is logged and dropped."""
-        ...
-
-
-StartFailureCallback = Callable[[Job, BaseException], None]
-
-
-class _Slot:
-    """The pool's record of one worker. Every field is guarded by the pool's lock."""
-
-    __slots__ = ("abandoned", "job", "name", "ref", "thread")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.job: Job | None = None
-        self.abandoned = False
-        self.ref: pykka.ActorRef[ToolWorker] | None = None
-        self.thread: threading.Thread | None = None
 
 
 class ToolWorker(pykka.ThreadingActor):
@@ -124,8 +92,8 @@ class ToolWorker(pykka.ThreadingActor):
     def on_receive(self, message: Any) -> None:
         """Run the job, then keep taking pending jobs from the pool until there are none.
 
-        After each job this thread handles the messages the job sent to supervisors itself
-        (handoff elision, see `_mux.collect_inline`); the first job those handlers submit is
+        After each job this thread handles the messages the job's report sent to supervisors
+        itself (handoff elision, `_engine/inline.py`); the first job those handlers submit is
         claimed for this thread, so a decide -> tool -> decide loop stays on one thread.
         """
         slot = self._slot

@@ -14,8 +14,8 @@ from typing import Any
 
 import pykka
 
+from steerable.actors._engine.inline import handoff_to_workers
 from steerable.actors._engine.log import get_logger
-from steerable.actors._engine.mux import handoff_to_workers
 from steerable.actors._machine.machine import RunMachine
 from steerable.actors._tools.tool import Tool, tool
 from steerable.protocol import (

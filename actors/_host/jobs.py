@@ -21,8 +21,8 @@ from pydantic import TypeAdapter, ValidationError
 from steerable.actors._engine.cancel import Cancelled
 from steerable.actors._engine.clock import Clock
 from steerable.actors._engine.executor import Executor, OutcomeKind, RemoteHandle, RemoteOutcome
+from steerable.actors._engine.inline import tell_collected
 from steerable.actors._engine.log import get_logger
-from steerable.actors._engine.mux import tell_collected
 from steerable.actors._tools.remote import decode_result, encode_call
 from steerable.actors._tools.tool import (
     RetryableToolError,

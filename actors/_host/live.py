@@ -16,7 +16,7 @@ from typing import Any
 import pykka
 
 from steerable.actors._engine.cancel import CancelScope
-from steerable.actors._engine.mux import tell_now
+from steerable.actors._engine.inline import tell_now
 from steerable.protocol import EventKind
 
 __all__ = ["LiveEvent", "ModelCallContext"]

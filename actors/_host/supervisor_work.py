@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from steerable.actors._engine.cancel import CancelScope
-from steerable.actors._engine.mux import tell_now
+from steerable.actors._engine.inline import tell_now
 from steerable.actors._engine.timer import TimerHandle
 from steerable.actors._machine.effects import CallJob, ChildJob, TimerKind
 from steerable.actors._machine.machine import MODEL_KEY, RunMachine

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from steerable.actors._engine.inline import handoff_to_workers
 from steerable.actors._engine.log import get_logger
-from steerable.actors._engine.mux import handoff_to_workers
 from steerable.protocol import (
     AgentError,
     ErrorCode,

@@ -16,8 +16,8 @@ import threading
 import time
 from typing import Any
 
+from steerable.actors._engine.inline import handoff_to_workers
 from steerable.actors._engine.log import get_logger
-from steerable.actors._engine.mux import handoff_to_workers
 from steerable.protocol import AgentError, ErrorCode, SteerableError
 from steerable.protocol._codec import encode, encode_body
 
