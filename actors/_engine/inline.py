@@ -21,6 +21,7 @@ __all__ = [
     "collect_inline",
     "handoff_to_workers",
     "service_inline",
+    "serving_inline",
     "tell_collected",
     "tell_now",
 ]
@@ -90,13 +91,24 @@ def service_inline(collected: list[_MuxInbox]) -> None:
     """
     _inline.target = None
     _inline.inboxes = None
+    _inline.serving = True
     try:
         for inbox in collected:
             dispatcher = inbox.dispatcher
             assert dispatcher is not None
             dispatcher._service_guarded(inbox, -1)
     finally:
+        _inline.serving = False
         collected.clear()
+
+
+def serving_inline() -> bool:
+    """Whether this thread is a pool worker handling actors after its job (`service_inline`).
+
+    Such a thread may block for a moment (a store's commit, decision 0004) without stalling
+    any actor but the one it handles, unlike a dispatcher thread, which serves many.
+    """
+    return getattr(_inline, "serving", False)
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from steerable.actors._engine.base import SteerableActor
+from steerable.actors._engine.inline import serving_inline
 from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import MuxActor
 from steerable.actors._engine.timer import TimerHandle
@@ -157,6 +158,20 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
             # This step's events, in one batch, for readers in other processes (an in-memory
             # store gets a run's events when its outcome is published: RunCell.settle).
             self.cell.events.store_pending()
+            if (
+                self._stored < self.cell.revision
+                and (
+                    self._held_decide is not None
+                    or self._held
+                    or self._ended is not None
+                    or machine.parked
+                )
+                and serving_inline()
+            ):
+                # The run waits for its store on a pool worker: it commits its writes here
+                # rather than have the writer woken to wake it (decision 0004). Told
+                # `Stored`, it goes on with its next message on this thread.
+                self.services.store.commit_now()
         if (
             machine.parked
             and not self._hooks_pending

@@ -26,6 +26,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from steerable.actors._engine.inline import serving_inline
 from steerable.actors._engine.log import get_logger
 from steerable.protocol import (
     AgentError,
@@ -163,6 +164,7 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
         self._write_lock = threading.Lock()
         """Held for each transaction on the writer's connection (the writer thread's, or a
         host message's committed on its sender's thread)."""
+        self._init_commits(int(min(self._write_timeout, _ATTEMPT_BUSY) * 1000))
         self._conn_closed = False
         conn = self._open()
         self._writer_conn = conn
@@ -289,7 +291,11 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
         check_record(result)
         self._check_open()
         blob = encode(result, kind="entry")
-        self._queue.put((("journal", run_id, result.call_id, blob), None, on_failed))
+        item = (("journal", run_id, result.call_id, blob), None, on_failed)
+        if serving_inline():  # committed with the run's next checkpoint (`commit_now`)
+            self._queue.put_lazy(item)
+        else:
+            self._queue.put(item)
 
     def write_checkpoint(
         self,
@@ -309,7 +315,12 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
         """
         self._check_open()
         op = ("checkpoint", run_id, revision, snapshot, entries_from, list(entries))
-        self._queue.put((op, on_stored, on_failed))
+        if serving_inline():
+            # A pool worker handling the run: the run commits it itself when it waits for it,
+            # the writer's next poll otherwise (docs/decisions/0004-waiting-run-commits.md).
+            self._queue.put_lazy((op, on_stored, on_failed))
+        else:
+            self._queue.put((op, on_stored, on_failed))
 
     def statistics(self) -> dict[str, int]:
         """Write failures so far: `write_retries` (attempts that failed for a transient

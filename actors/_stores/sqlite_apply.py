@@ -98,6 +98,10 @@ class SqliteApply:
     _ttl: float
     _fenced_now: set[str]
     _write_lock: threading.Lock
+    _commit_lock: threading.Lock
+    _busy_ms: int
+    _puts_seen: int
+    _put_at: float
     _conn_closed: bool
     _entries_len: dict[str, tuple[int, int]]
     _journal_empty: dict[str, int]

@@ -10,6 +10,7 @@ faults"; docs/durability.md, "Ownership").
 
 from __future__ import annotations
 
+import collections
 import queue
 import sqlite3
 import threading
@@ -37,22 +38,89 @@ _ATTEMPT_BUSY = 1.0  # seconds one attempt waits for a lock; retries go on to `w
 _PROBE = 0.25  # seconds of retrying a store whose last write was given up gets
 _FIRST_BACKOFF = 0.01
 _MAX_BACKOFF = 0.5
+_POLL = 0.005
+"""Seconds between the writer's looks at lazily queued writes (`WriteQueue.put_lazy`): the
+most a write nobody waits for waits for a commit while writes keep coming."""
+_ACTIVE = 1.0  # seconds without a put after which the writer stops polling
 
 
-class WriteQueue(queue.SimpleQueue[Any]):
-    """The writer's queue, counting what was put and what the writer is done with, so that
-    a flush with nothing queued returns at once (a fresh process's `load`, W4)."""
+class _NotDone:
+    """`_transact` while helping: nothing was done, the writer thread does it."""
+
+
+_NOT_DONE = _NotDone()
+
+
+class WriteQueue:
+    """The writer's queue: writes in order, a doorbell that wakes the writer, and counts of
+    what was put and what is done with, so that a flush with nothing queued returns at once
+    (a fresh process's `load`, W4).
+
+    A write is taken off only under the store's commit lock (`SqliteWriter._commit_lock`), by
+    the writer thread or by a pool worker that commits on its own thread (`commit_now`), so
+    writes are committed in the order they were put whoever commits them. `put_lazy` queues
+    without waking the writer while it polls (`dozing` False): the run that queued it commits
+    it itself if it waits for it, and the writer takes it at its next poll otherwise
+    (docs/decisions/0004-waiting-run-commits.md).
+    """
 
     def __init__(self) -> None:
-        super().__init__()
+        self._items: collections.deque[Any] = collections.deque()
+        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._put = 0
         self._done = 0
+        self.dozing = True
+        """The writer waits longer than a poll: a lazy put rings (set by the writer only)."""
 
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+    def put(self, item: Any) -> None:
+        """Queue `item` and wake the writer."""
         with self._lock:  # counted before it can be taken
             self._put += 1
-        super().put(item, block, timeout)
+        self._items.append(item)
+        self._bell.put(None)
+
+    def put_lazy(self, item: Any) -> None:
+        """Queue `item`; wake the writer only if it is not polling."""
+        with self._lock:
+            self._put += 1
+        self._items.append(item)
+        if self.dozing:  # read after the append: see `SqliteWriter._wait`
+            self._bell.put(None)
+
+    def ring(self) -> None:
+        """Wake the writer with nothing queued (it re-reads when stored events are due)."""
+        self._bell.put(None)
+
+    def wait(self, timeout: float | None) -> None:
+        """The writer's wait for a ring, up to `timeout` seconds (None: no limit)."""
+        bell = self._bell
+        try:
+            bell.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:  # one wake for every ring so far; a later ring wakes the next wait
+            try:
+                bell.get_nowait()
+            except queue.Empty:
+                return
+
+    def take(self, most: int) -> list[Any]:
+        """Up to `most` items, oldest first (under the commit lock)."""
+        items = self._items
+        taken: list[Any] = []
+        while items and len(taken) < most:
+            taken.append(items.popleft())
+        return taken
+
+    def give_back(self, taken: list[Any]) -> None:
+        """Put items taken but not committed back at the front, and wake the writer."""
+        self._items.extendleft(reversed(taken))
+        self._bell.put(None)
+
+    def empty(self) -> bool:
+        """Whether nothing is queued (taken items being committed are not counted)."""
+        return not self._items
 
     def done(self, count: int) -> None:
         """The writer thread is done with `count` items (committed, refused or given up)."""
@@ -68,51 +136,113 @@ class WriteQueue(queue.SimpleQueue[Any]):
 class SqliteWriter(SqliteApply):
     """The writer thread's side of `SqliteStore` (which opens the connection and queues)."""
 
+    def _init_commits(self, busy_ms: int) -> None:
+        self._commit_lock = threading.Lock()
+        """Held to take writes off the queue and commit them: by the writer thread, or by a
+        pool worker whose run waits for them (`commit_now`), so they commit in order."""
+        self._busy_ms = busy_ms  # the writer connection's busy wait, restored after a help
+        self._puts_seen = 0  # the writer's: the queue's put count at its last wait
+        self._put_at = 0.0  # the writer's: when it last saw that count change
+
     def _write_loop(self) -> None:
         conn = self._writer_conn
+        queue_ = self._queue
         try:
             while True:
-                # Stored events ride with the commits of the next EVENT_DELAY at most, then
-                # go in one batch: encoding and writing them per step would hold every
-                # checkpoint's commit back (docs/benchmarks.md W1).
-                due = self._events_due()
-                try:
-                    if due is None:
-                        item = self._queue.get()
-                    else:
-                        item = self._queue.get(timeout=max(0.0, due - time.monotonic()))
-                except queue.Empty:
-                    item = None  # the waiting events are due
-                taken = 0 if item is None else 1
-                if item is _STOP:
-                    self._commit_events(conn, force=True)
-                    return
-                batch = [] if item is None or item is EVENTS_WAKE else [item]
-                stop = False
-                while len(batch) < self._max_batch:
-                    try:
-                        more = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if more is _STOP:
-                        stop = True
-                        break
-                    taken += 1
-                    if more is not EVENTS_WAKE:
-                        batch.append(more)
-                # A flush (close, a read of events) wants every event written before it returns.
-                force = stop or any(op[0] == "flush" and op[1] for op, _, _ in batch)
-                batch.extend(self._take_events(force))
-                if batch:
-                    self._commit(conn, batch)
-                self._queue.done(taken)
-                if stop:
-                    self._commit_events(conn, force=True)
-                    return
+                self._wait(queue_)
+                while True:
+                    with self._commit_lock:
+                        taken, stop = self._drain(conn)
+                    if stop:
+                        return
+                    if taken < self._max_batch:
+                        break  # else more is queued: the next batch at once
         finally:
             with self._write_lock:
                 conn.close()
                 self._conn_closed = True
+
+    def _wait(self, queue_: WriteQueue) -> None:
+        """Wait for a ring, the next poll, or the stored events' window, whichever is first.
+
+        While writes keep coming (one in the last `_ACTIVE` seconds) the writer looks every
+        `_POLL` seconds for writes queued lazily; otherwise it dozes until rung, and a lazy
+        put rings it (`WriteQueue.put_lazy`).
+        """
+        now = time.monotonic()
+        puts = queue_._put
+        if puts != self._puts_seen:
+            self._puts_seen = puts
+            self._put_at = now
+        # Stored events ride with the commits of the next EVENT_DELAY at most, then go in one
+        # batch: encoding and writing them per step would hold every checkpoint's commit back
+        # (docs/benchmarks.md W1).
+        due = self._events_due()
+        timeout = None if due is None else max(0.0, due - now)
+        if now - self._put_at < _ACTIVE:
+            timeout = _POLL if timeout is None else min(timeout, _POLL)
+        else:
+            queue_.dozing = True
+            if not queue_.empty():  # a lazy put that read `dozing` before it was set
+                queue_.dozing = False
+                return
+        queue_.wait(timeout)
+        queue_.dozing = False
+
+    def _drain(self, conn: sqlite3.Connection) -> tuple[int, bool]:
+        """Take the next batch off the queue and commit it (the commit lock held).
+
+        Returns how many items were taken, and whether the writer is to stop.
+        """
+        items = self._queue.take(self._max_batch)
+        batch = []
+        stop = False
+        for index, item in enumerate(items):
+            if item is _STOP:
+                stop = True
+                del items[index:]  # what follows a stop is never written, as before
+                break
+            if item is not EVENTS_WAKE:
+                batch.append(item)
+        # A flush (close, a read of events) wants every event written before it returns.
+        force = stop or any(op[0] == "flush" and op[1] for op, _, _ in batch)
+        batch.extend(self._take_events(force))
+        if batch:
+            self._commit(conn, batch)
+        self._queue.done(len(items))
+        if stop:
+            self._commit_events(conn, force=True)
+        return len(items), stop
+
+    def commit_now(self) -> bool:
+        """Commit what is queued on the calling thread, if that needs no waiting.
+
+        For a run that waits for its own checkpoint on a pool worker (it may block there for
+        a commit, never on a dispatcher): it commits the queue itself instead of waking the
+        writer and sleeping until the writer wakes it (two cross-thread wakes per W1
+        iteration; docs/decisions/0004-waiting-run-commits.md). One attempt that waits for no
+        lock: with the writer busy, another process holding the file's lock, a failing store,
+        a flush or a stop queued, or any error, it does nothing and returns False (the writer
+        commits, retries or gives up as for any write). True once committed or refused as the
+        writer would have (each write's waiter is told either way).
+        """
+        if not self._commit_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._given_up is not None or self._closing.is_set() or self._conn_closed:
+                return False
+            items = self._queue.take(self._max_batch)
+            batch = [item for item in items if item is not EVENTS_WAKE]
+            if any(item is _STOP or item[0][0] == "flush" for item in batch):
+                self._queue.give_back(items)
+                return False
+            if batch and not self._commit(self._writer_conn, batch, helping=True):
+                self._queue.give_back(items)
+                return False
+            self._queue.done(len(items))
+            return True
+        finally:
+            self._commit_lock.release()
 
     def _commit_events(self, conn: sqlite3.Connection, *, force: bool) -> None:
         """Commit the events still waiting (at the writer's stop)."""
@@ -120,9 +250,15 @@ class SqliteWriter(SqliteApply):
         if events:
             self._commit(conn, events)
 
-    def _commit(self, conn: sqlite3.Connection, batch: list[tuple[Any, Any, Any]]) -> None:
+    def _commit(
+        self, conn: sqlite3.Connection, batch: list[tuple[Any, Any, Any]], *, helping: bool = False
+    ) -> bool:
+        """Commit `batch` and tell each write's waiter; False (nothing done) only when
+        `helping` and the one attempt did not commit (`commit_now`)."""
         refused: dict[int, SteerableError] = {}
-        error = self._transact(conn, batch, refused)
+        error = self._transact(conn, batch, refused, helping=helping)
+        if isinstance(error, _NotDone):
+            return False
         fenced, self._fenced_now = self._fenced_now, set()
         # The runs told here are handled by an idle worker, never on this thread: a handler
         # may flush, i.e. wait for this very thread.
@@ -136,16 +272,21 @@ class SqliteWriter(SqliteApply):
                     notify_failed(done, failed, why)
         if fenced and error is None:
             self._fenced(fenced)
+        return True
 
     def _transact(
         self,
         conn: sqlite3.Connection,
         batch: list[tuple[Any, Any, Any]],
         refused: dict[int, SteerableError],
-    ) -> SteerableError | None:
+        *,
+        helping: bool = False,
+    ) -> SteerableError | _NotDone | None:
         """Commit `batch` as one transaction, retrying transient failures with backoff.
 
-        Returns None once committed, else the error every write of the batch gets.
+        Returns None once committed, else the error every write of the batch gets. When
+        `helping` (a pool worker's `commit_now`): one attempt that waits for no lock, and
+        `_NOT_DONE` instead of any error, retry or give-up (the writer does those).
         """
         budget = self._write_timeout
         if self._given_up is not None or self._closing.is_set():
@@ -160,7 +301,7 @@ class SqliteWriter(SqliteApply):
         try:
             prepared = [self._prepare(op, i, refused) for i, (op, _, _) in enumerate(batch)]
         except Exception as exc:  # noqa: BLE001 - reported to every waiter, and logged
-            return self._writer_failed(exc)
+            return _NOT_DONE if helping else self._writer_failed(exc)
         if all(op is None or op[0] == "flush" for op in prepared):
             return None  # nothing to write (a flush waits only for what was queued before it)
         refusals = dict(refused)
@@ -172,10 +313,7 @@ class SqliteWriter(SqliteApply):
             self._static_added.clear()
             try:
                 with self._write_lock:
-                    # IMMEDIATE: the fence check reads the lease and the write follows in the
-                    # same transaction; a deferred one could not upgrade after another
-                    # process's claim.
-                    conn.execute("BEGIN IMMEDIATE")
+                    self._begin(conn, helping)
                     checked: dict[str, bool] = {}
                     if savepoints:
                         for index, op in enumerate(prepared):
@@ -194,6 +332,8 @@ class SqliteWriter(SqliteApply):
                     savepoints = True  # the same attempt again, write by write
                     attempt -= 1
                     continue
+                if helping:
+                    return _NOT_DONE
                 if not isinstance(exc, sqlite3.Error):
                     return self._writer_failed(exc)
                 now = time.monotonic()
@@ -210,6 +350,18 @@ class SqliteWriter(SqliteApply):
                 return self._give_up(exc, attempt, round(now - started, 3))
             self._given_up = None
             return None
+
+    def _begin(self, conn: sqlite3.Connection, helping: bool) -> None:
+        # IMMEDIATE: the fence check reads the lease and the write follows in the same
+        # transaction; a deferred one could not upgrade after another process's claim.
+        if not helping:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        conn.execute("PRAGMA busy_timeout=0")  # no busy wait on a run's thread
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
 
     def _give_up(self, exc: sqlite3.Error, attempt: int, seconds: float) -> SteerableError:
         self._given_up = exc

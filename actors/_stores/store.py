@@ -341,6 +341,17 @@ class CheckpointStore(ABC):
         del timeout
         return True
 
+    def commit_now(self) -> bool:
+        """Commit the writes queued so far on the calling thread, if that needs no waiting.
+
+        Called by a run that waits for its own checkpoint on a pool worker (a thread that
+        may block for a commit). A store that commits on a thread of its own may do so
+        instead of waking that thread (`SqliteStore`); it must never wait for a lock held
+        elsewhere, retry, or give a write up here. Returns False if it did nothing (the
+        default): the writes are committed as usual.
+        """
+        return False
+
     def close(self) -> None:  # noqa: B027 - stores without resources need no close
         """Release the store's resources (flushes first)."""
 

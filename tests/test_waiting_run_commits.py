@@ -1,0 +1,216 @@
+"""A run that waits for its own checkpoint on a pool worker commits it there (decision 0004).
+
+`SqliteStore` queues the writes of a run handled on a pool worker without waking its writer
+thread (`WriteQueue.put_lazy`); the run commits them itself when it waits for them
+(`commit_now`), and the writer takes any nobody waits for at its next poll. What a helper does
+not do (wait for a lock, retry, a flush, a failing store) stays the writer's.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from steerable.actors import Runtime, SqliteStore, tool
+from steerable.actors._engine import inline
+from steerable.actors._stores import sqlite as sqlite_mod
+from steerable.actors._stores import sqlite_writer
+from steerable.protocol import Finish, Plan, RunConfig, RunState, RunView, ToolCall
+
+if TYPE_CHECKING:  # mypy resolves the kits as tests.* (explicit package bases)
+    from tests.store_faults_kit import WAIT
+    from tests.test_stores import snapshot
+else:  # pytest puts tests/ on sys.path (rootdir "prepend" import mode)
+    from store_faults_kit import WAIT
+    from test_stores import snapshot
+
+
+@contextmanager
+def on_a_worker() -> Iterator[None]:
+    """Have this thread queue as a pool worker handling a run does (`serving_inline`)."""
+    inline._inline.serving = True
+    try:
+        yield
+    finally:
+        inline._inline.serving = False
+
+
+@pytest.fixture
+def polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer that always polls, once a minute: a lazy write stays queued for the test."""
+    monkeypatch.setattr(sqlite_writer, "_POLL", 60.0)
+    monkeypatch.setattr(sqlite_writer, "_ACTIVE", float("inf"))
+
+
+def _settled(store: SqliteStore) -> None:
+    """One eager write through the writer, so that it polls from now on (`dozing` False)."""
+    store.write_checkpoint("warm", 0, snapshot("warm", 0, transcript_len=0), 0, [])
+    assert store.flush(WAIT)
+    deadline = time.monotonic() + WAIT
+    while store._queue.dozing:  # set False by the writer right after its wait returns
+        assert time.monotonic() < deadline, "the writer did not come back from its wait"
+        threading.Event().wait(0.001)
+
+
+def _lazy_checkpoint(store: SqliteStore, run_id: str) -> threading.Event:
+    stored = threading.Event()
+    with on_a_worker():
+        store.write_checkpoint(run_id, 0, snapshot(run_id, 0, transcript_len=0), 0, [], stored.set)
+    return stored
+
+
+def test_a_lazy_write_is_committed_by_the_run_that_waits_for_it(
+    tmp_path: Path, polling: None
+) -> None:
+    store = SqliteStore(tmp_path / "runs.db", write_timeout=WAIT)
+    try:
+        _settled(store)
+        stored = _lazy_checkpoint(store, "r")
+        assert not store._queue.empty()  # queued, the writer not woken
+        assert not stored.is_set()
+        assert store.commit_now()
+        assert stored.is_set()  # told on this thread, before commit_now returned
+        assert store._queue.empty()
+        assert store._queue.idle()
+        assert store.load("r").snapshot.revision == 0
+        assert store.commit_now()  # nothing queued: nothing to do
+    finally:
+        store.close()
+
+
+def test_a_lazy_write_nobody_waits_for_is_committed_by_the_writers_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_writer, "_ACTIVE", float("inf"))  # polls every _POLL
+    store = SqliteStore(tmp_path / "runs.db", write_timeout=WAIT)
+    try:
+        _settled(store)
+        stored = _lazy_checkpoint(store, "r")
+        assert stored.wait(WAIT)
+        assert store.load("r").snapshot.revision == 0
+    finally:
+        store.close()
+
+
+def test_a_lazy_write_wakes_a_dozing_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_writer, "_POLL", 60.0)
+    monkeypatch.setattr(sqlite_writer, "_ACTIVE", 0.0)  # never polls: waits until rung
+    store = SqliteStore(tmp_path / "runs.db", write_timeout=WAIT)
+    try:
+        assert store.flush(WAIT)
+        stored = _lazy_checkpoint(store, "r")
+        assert stored.wait(WAIT)  # within the test's bound, not the minute's poll
+    finally:
+        store.close()
+
+
+def test_commit_now_does_nothing_while_the_writer_holds_the_queue(
+    tmp_path: Path, polling: None
+) -> None:
+    store = SqliteStore(tmp_path / "runs.db", write_timeout=WAIT)
+    try:
+        _settled(store)
+        stored = _lazy_checkpoint(store, "r")
+        with store._commit_lock:  # as the writer does while it commits
+            assert not store.commit_now()
+            assert not stored.is_set()
+            assert not store._queue.empty()  # left queued, in order
+        assert store.commit_now()
+        assert stored.is_set()
+    finally:
+        store.close()
+
+
+def test_commit_now_leaves_a_flush_to_the_writer(tmp_path: Path, polling: None) -> None:
+    store = SqliteStore(tmp_path / "runs.db", write_timeout=WAIT)
+    try:
+        _settled(store)
+        stored = _lazy_checkpoint(store, "r")
+        done: Future[None] = Future()
+        store._queue.put_lazy((("flush", True), done, None))  # not rung: the writer polls
+        assert not store.commit_now()  # given back, the writer rung
+        done.result(WAIT)  # the writer took it at once (not at its minute's poll)
+        assert stored.is_set()  # queued before the flush: committed before it
+    finally:
+        store.close()
+
+
+def test_commit_now_never_waits_for_another_connections_lock(
+    tmp_path: Path, polling: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_mod, "_ATTEMPT_BUSY", 30.0)  # the writer's busy wait: 30 s
+    path = tmp_path / "runs.db"
+    store = SqliteStore(path, write_timeout=60.0)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        _settled(store)
+        stored = _lazy_checkpoint(store, "r")
+        other.execute("BEGIN IMMEDIATE")  # another process's write lock
+        started = time.monotonic()
+        assert not store.commit_now()
+        assert time.monotonic() - started < 15.0  # no busy wait (that would be 30 s)
+        assert not stored.is_set()
+        other.execute("ROLLBACK")
+        assert stored.wait(WAIT)  # the writer, rung by the give-back, committed it
+        assert store._busy_ms == 30_000  # the writer's own busy wait is back
+        assert store._writer_conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
+    finally:
+        other.close()
+        store.close()
+
+
+@tool
+def step() -> str:
+    """Return at once."""
+    return "ok"
+
+
+class _Loop:
+    """Plans one `step` call per decision, `n` times, then finishes."""
+
+    name = "loop"
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+
+    def decide(self, view: RunView) -> Plan | Finish:
+        if self.left == 0:
+            return Finish(output="done")
+        self.left -= 1
+        return Plan(steps=(ToolCall(name="step"),))
+
+
+def test_a_run_commits_its_checkpoints_on_the_worker_that_handles_it(
+    tmp_path: Path, polling: None
+) -> None:
+    store = SqliteStore(tmp_path / "runs.db", write_timeout=WAIT)
+    committers: list[str] = []
+
+    def traced(statement: str) -> None:
+        if statement.startswith("INSERT OR REPLACE INTO revisions"):
+            committers.append(threading.current_thread().name)
+
+    store._writer_conn.set_trace_callback(traced)
+    iterations = 30
+    with Runtime(tools=[step], store=store, prestart_workers=4) as rt:
+        config = RunConfig(max_steps=iterations + 10, max_model_calls=iterations + 10)
+        handle = rt.start("t", agent=_Loop(iterations), config=config)
+        outcome = handle.result(timeout=WAIT)
+        assert outcome.state is RunState.FINISHED
+        assert outcome.revision >= 2 * iterations
+        assert store.load(handle.run_id).snapshot.revision == outcome.revision
+    on_workers = [name for name in committers if name.startswith("ToolWorker")]
+    # Each revision is committed once; with the writer polling once a minute, every one the
+    # run waited for was committed by the worker handling it (the old writer did them all).
+    assert len(committers) >= outcome.revision + 1
+    assert len(on_workers) > len(committers) // 2, committers
