@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from steerable.actors import Runtime, SqliteStore, tool
+from steerable.actors import Runtime, SqliteStore, ToolContext, tool
 from steerable.actors._engine import inline
+from steerable.actors._stores import events as events_mod
 from steerable.actors._stores import sqlite as sqlite_mod
 from steerable.actors._stores import sqlite_writer
 from steerable.protocol import Finish, Plan, RunConfig, RunState, RunView, ToolCall
@@ -76,12 +77,12 @@ def test_a_lazy_write_is_committed_by_the_run_that_waits_for_it(
         stored = _lazy_checkpoint(store, "r")
         assert not store._queue.empty()  # queued, the writer not woken
         assert not stored.is_set()
-        assert store.commit_now()
+        assert store.commit_now("r")
         assert stored.is_set()  # told on this thread, before commit_now returned
         assert store._queue.empty()
         assert store._queue.idle()
         assert store.load("r").snapshot.revision == 0
-        assert store.commit_now()  # nothing queued: nothing to do
+        assert store.commit_now("r")  # nothing queued: nothing to do
     finally:
         store.close()
 
@@ -122,11 +123,30 @@ def test_commit_now_does_nothing_while_the_writer_holds_the_queue(
         _settled(store)
         stored = _lazy_checkpoint(store, "r")
         with store._commit_lock:  # as the writer does while it commits
-            assert not store.commit_now()
+            assert not store.commit_now("r")
             assert not stored.is_set()
             assert not store._queue.empty()  # left queued, in order
-        assert store.commit_now()
-        assert stored.is_set()
+        assert stored.wait(WAIT)  # rung: the writer took it once it had the lock again
+    finally:
+        store.close()
+
+
+def test_commit_now_leaves_other_runs_writes_to_the_writers_group_commit(
+    tmp_path: Path, polling: None
+) -> None:
+    store = SqliteStore(tmp_path / "runs.db", write_timeout=WAIT)
+    commits: list[str] = []
+    try:
+        _settled(store)
+        mine = _lazy_checkpoint(store, "a")
+        other = _lazy_checkpoint(store, "b")
+        store._writer_conn.set_trace_callback(
+            lambda sql: commits.append(threading.current_thread().name) if sql == "COMMIT" else None
+        )
+        assert not store.commit_now("a")  # given back, the writer rung
+        assert mine.wait(WAIT)  # committed by the writer at once (not at its minute's poll)
+        assert other.wait(WAIT)
+        assert commits == ["steerable-sqlite"]  # both in one transaction
     finally:
         store.close()
 
@@ -138,7 +158,7 @@ def test_commit_now_leaves_a_flush_to_the_writer(tmp_path: Path, polling: None) 
         stored = _lazy_checkpoint(store, "r")
         done: Future[None] = Future()
         store._queue.put_lazy((("flush", True), done, None))  # not rung: the writer polls
-        assert not store.commit_now()  # given back, the writer rung
+        assert not store.commit_now("r")  # given back, the writer rung
         done.result(WAIT)  # the writer took it at once (not at its minute's poll)
         assert stored.is_set()  # queued before the flush: committed before it
     finally:
@@ -157,7 +177,7 @@ def test_commit_now_never_waits_for_another_connections_lock(
         stored = _lazy_checkpoint(store, "r")
         other.execute("BEGIN IMMEDIATE")  # another process's write lock
         started = time.monotonic()
-        assert not store.commit_now()
+        assert not store.commit_now("r")
         assert time.monotonic() - started < 15.0  # no busy wait (that would be 30 s)
         assert not stored.is_set()
         other.execute("ROLLBACK")
@@ -214,3 +234,67 @@ def test_a_run_commits_its_checkpoints_on_the_worker_that_handles_it(
     # run waited for was committed by the worker handling it (the old writer did them all).
     assert len(committers) >= outcome.revision + 1
     assert len(on_workers) > len(committers) // 2, committers
+
+
+_read_runs: list[str] = []
+_read_gate = threading.Event()
+
+
+@tool
+def read_slowly(ctx: ToolContext) -> str:
+    """Side-effect free: waits for the test, counts each run of it."""
+    _read_runs.append(ctx.call_id)
+    _read_gate.wait(WAIT)
+    return "read"
+
+
+@tool(side_effect="write", requires_approval=True)
+def write_it() -> str:
+    """Needs a person's approval."""
+    return "written"
+
+
+class _ReadThenWrite:
+    name = "read-then-write"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def decide(self, view: RunView) -> Plan | Finish:
+        self.calls += 1
+        if self.calls == 1:
+            return Plan(steps=(ToolCall(name="read_slowly"), ToolCall(name="write_it")))
+        return Finish(output="done")
+
+
+def test_a_passivated_run_keeps_a_result_journaled_after_its_checkpoint(
+    tmp_path: Path, polling: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read's result is queued lazily after the plan's checkpoint was stored; the run then
+    passivates (it waits for an approval). Its wake (a message) must read that result, not run
+    the read again."""
+    # Stored events wait a minute too: their window's first batch, which rings the writer,
+    # is queued long before the read's result.
+    monkeypatch.setattr(events_mod, "EVENT_DELAY", 60.0)
+    _read_runs.clear()
+    _read_gate.clear()
+    store = SqliteStore(tmp_path / "runs.db", write_timeout=WAIT)
+    with Runtime(tools=[read_slowly, write_it], store=store, prestart_workers=2) as rt:
+        handle = rt.start("t", agent=_ReadThenWrite())
+        deadline = time.monotonic() + WAIT
+        while not (_read_runs and handle.pending_approvals()):
+            assert time.monotonic() < deadline, "the read did not start or no approval asked"
+            threading.Event().wait(0.001)
+        # The plan's checkpoint is stored before the read ends (the events stay waiting).
+        assert store.flush(WAIT, events=False)
+        _read_gate.set()
+        while rt.statistics()["runs_passivated"] != 1:
+            assert time.monotonic() < deadline, "the run did not passivate"
+            threading.Event().wait(0.001)
+        # A message wakes it: stored on this thread (not through the writer's queue), so
+        # nothing but the wake's own read makes the writer commit the queued result.
+        handle.send("and then?")
+        assert handle.approve(handle.pending_approvals()[0].call_id)
+        outcome = handle.result(timeout=WAIT)
+    assert outcome.state is RunState.FINISHED
+    assert len(_read_runs) == 1, _read_runs  # once: its journaled result was found on the wake

@@ -158,20 +158,16 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
             # This step's events, in one batch, for readers in other processes (an in-memory
             # store gets a run's events when its outcome is published: RunCell.settle).
             self.cell.events.store_pending()
-            if (
-                self._stored < self.cell.revision
-                and (
-                    self._held_decide is not None
-                    or self._held
-                    or self._ended is not None
-                    or machine.parked
-                )
-                and serving_inline()
-            ):
-                # The run waits for its store on a pool worker: it commits its writes here
-                # rather than have the writer woken to wake it (decision 0004). Told
-                # `Stored`, it goes on with its next message on this thread.
-                self.services.store.commit_now()
+            if self._stored < self.cell.revision and serving_inline():
+                # Its writes were queued without waking the store's writer (decision 0004).
+                if self._held_decide is not None:
+                    # Its model call waits: it commits them here rather than have the writer
+                    # woken to wake it, and, told `Stored`, goes on on this thread.
+                    self.services.store.commit_now(self.cell.run_id)
+                elif self._held or self._ended is not None or machine.parked:
+                    # Waits that concurrent runs reach together (outcomes, approvals): the
+                    # writer commits them in one transaction.
+                    self.services.store.commit_soon()
         if (
             machine.parked
             and not self._hooks_pending

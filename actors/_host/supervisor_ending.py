@@ -26,6 +26,7 @@ from steerable.protocol import (
     RunEvent,
     RunOutcome,
     RunState,
+    SideEffect,
     SubagentResult,
     ToolResult,
     TranscriptEntry,
@@ -218,7 +219,14 @@ class SupervisorEnding(SupervisorWork):
         on_failed = self._journal_failed
         if on_failed is None:
             on_failed = self._journal_failed = self._failure_callback(-1)
-        self.services.store.journal(self.cell.run_id, result, on_failed=on_failed)
+        store = self.services.store
+        store.journal(self.cell.run_id, result, on_failed=on_failed)
+        tool = self.tools.get(result.tool) if isinstance(result, ToolResult) else None
+        if tool is None or tool.spec.side_effect is not SideEffect.NONE:
+            # What a write (or a child run) did is stored at once, not at the next checkpoint
+            # or the writer's next poll (a store that queued it lazily, decision 0004): after
+            # a crash, it is not done again.
+            store.commit_soon()
 
     def _failure_callback(self, revision: int) -> Callable[[AgentError], None]:
         ref = self.actor_ref

@@ -292,7 +292,9 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
         self._check_open()
         blob = encode(result, kind="entry")
         item = (("journal", run_id, result.call_id, blob), None, on_failed)
-        if serving_inline():  # committed with the run's next checkpoint (`commit_now`)
+        if serving_inline():
+            # Committed with the run's next checkpoint, or at the writer's next poll; a run
+            # whose call wrote rings the writer at once (`commit_soon`, decision 0004).
             self._queue.put_lazy(item)
         else:
             self._queue.put(item)

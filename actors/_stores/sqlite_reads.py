@@ -44,21 +44,20 @@ class SqliteReads:
     def reload(self, run_id: str, held: Sequence[TranscriptEntry]) -> StoredRun:
         """The latest revision, reading only the transcript entries past `held` (see
         `Store.reload`): a woken run costs what its new entries cost, not its length. It
-        does not wait for the writer's queue (a load does): its caller's writes of the run are
-        committed (a run passivates only once its checkpoint is)."""
-        return self._load(run_id, None, held, flush=False)
+        waits for the writer's queue only if something is queued: a run passivates once its
+        checkpoint is stored, but a result journaled after it may still be queued (decision
+        0004)."""
+        return self._load(run_id, None, held)
 
     def _load(
         self,
         run_id: str,
         revision: int | None,
         held: Sequence[TranscriptEntry],
-        *,
-        flush: bool = True,
     ) -> StoredRun:
-        if flush:
-            # A load reads no event: the events waiting for their window stay there.
-            self.flush(events=False)
+        # A load reads no event: the events waiting for their window stay there. Returns at
+        # once when nothing is queued.
+        self.flush(events=False)
         conn = self._reader()
         conn.execute("BEGIN")
         try:

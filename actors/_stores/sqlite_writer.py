@@ -214,35 +214,46 @@ class SqliteWriter(SqliteApply):
             self._commit_events(conn, force=True)
         return len(items), stop
 
-    def commit_now(self) -> bool:
-        """Commit what is queued on the calling thread, if that needs no waiting.
+    def commit_now(self, run_id: str) -> bool:
+        """Commit what is queued on the calling thread, if it is all `run_id`'s and that needs
+        no waiting.
 
         For a run that waits for its own checkpoint on a pool worker (it may block there for
-        a commit, never on a dispatcher): it commits the queue itself instead of waking the
+        a commit, never on a dispatcher): it commits its writes itself instead of waking the
         writer and sleeping until the writer wakes it (two cross-thread wakes per W1
-        iteration; docs/decisions/0004-waiting-run-commits.md). One attempt that waits for no
+        iteration; docs/decisions/0004-waiting-run-commits.md). Other runs' writes in the
+        queue leave it to the writer, which commits them all in one transaction (a helper per
+        run would split the group commit of concurrent runs). One attempt that waits for no
         lock: with the writer busy, another process holding the file's lock, a failing store,
-        a flush or a stop queued, or any error, it does nothing and returns False (the writer
-        commits, retries or gives up as for any write). True once committed or refused as the
-        writer would have (each write's waiter is told either way).
+        a flush or a stop queued, or any error, it does nothing but ring the writer and returns
+        False (the writer commits, retries or gives up as for any write). True once committed
+        or refused as the writer would have (each write's waiter is told either way).
         """
+        queue_ = self._queue
         if not self._commit_lock.acquire(blocking=False):
+            queue_.ring()  # busy: it looks again when done, and finds what was queued since
             return False
         try:
             if self._given_up is not None or self._closing.is_set() or self._conn_closed:
+                queue_.ring()
                 return False
-            items = self._queue.take(self._max_batch)
+            items = queue_.take(self._max_batch)
             batch = [item for item in items if item is not EVENTS_WAKE]
-            if any(item is _STOP or item[0][0] == "flush" for item in batch):
-                self._queue.give_back(items)
+            if not all(item is not _STOP and item[0][1] == run_id for item in batch):
+                queue_.give_back(items)  # another run's write, a flush (op[1] a bool), a stop
                 return False
             if batch and not self._commit(self._writer_conn, batch, helping=True):
-                self._queue.give_back(items)
+                queue_.give_back(items)
                 return False
-            self._queue.done(len(items))
+            queue_.done(len(items))
             return True
         finally:
             self._commit_lock.release()
+
+    def commit_soon(self) -> None:
+        """Wake the writer for what was queued lazily: a run waits for it (its outcome, its
+        passivation, a write-ahead call), and the writer commits it with the other runs'."""
+        self._queue.ring()
 
     def _commit_events(self, conn: sqlite3.Connection, *, force: bool) -> None:
         """Commit the events still waiting (at the writer's stop)."""

@@ -341,8 +341,8 @@ class CheckpointStore(ABC):
         del timeout
         return True
 
-    def commit_now(self) -> bool:
-        """Commit the writes queued so far on the calling thread, if that needs no waiting.
+    def commit_now(self, run_id: str) -> bool:
+        """Commit run `run_id`'s queued writes on the calling thread, if that needs no waiting.
 
         Called by a run that waits for its own checkpoint on a pool worker (a thread that
         may block for a commit). A store that commits on a thread of its own may do so
@@ -350,7 +350,12 @@ class CheckpointStore(ABC):
         elsewhere, retry, or give a write up here. Returns False if it did nothing (the
         default): the writes are committed as usual.
         """
+        del run_id
         return False
+
+    def commit_soon(self) -> None:  # noqa: B027 - a store with no thread has none to wake
+        """Have writes queued without waking the store's thread (see `commit_now`) committed
+        without delay: a run handled on a pool worker waits for them. Default: nothing."""
 
     def close(self) -> None:  # noqa: B027 - stores without resources need no close
         """Release the store's resources (flushes first)."""
