@@ -61,6 +61,17 @@ def _settled(store: SqliteStore) -> None:
         threading.Event().wait(0.001)
 
 
+@pytest.fixture
+def store(tmp_path: Path, polling: None) -> Iterator[SqliteStore]:
+    """A store whose writer polls once a minute and is past its first wait (`_settled`)."""
+    store = SqliteStore(tmp_path / "runs.db", write_timeout=WAIT)
+    try:
+        _settled(store)
+        yield store
+    finally:
+        store.close()
+
+
 def _lazy_checkpoint(store: SqliteStore, run_id: str) -> threading.Event:
     stored = threading.Event()
     with on_a_worker():
@@ -68,23 +79,16 @@ def _lazy_checkpoint(store: SqliteStore, run_id: str) -> threading.Event:
     return stored
 
 
-def test_a_lazy_write_is_committed_by_the_run_that_waits_for_it(
-    tmp_path: Path, polling: None
-) -> None:
-    store = SqliteStore(tmp_path / "runs.db", write_timeout=WAIT)
-    try:
-        _settled(store)
-        stored = _lazy_checkpoint(store, "r")
-        assert not store._queue.empty()  # queued, the writer not woken
-        assert not stored.is_set()
-        assert store.commit_now("r")
-        assert stored.is_set()  # told on this thread, before commit_now returned
-        assert store._queue.empty()
-        assert store._queue.idle()
-        assert store.load("r").snapshot.revision == 0
-        assert store.commit_now("r")  # nothing queued: nothing to do
-    finally:
-        store.close()
+def test_a_lazy_write_is_committed_by_the_run_that_waits_for_it(store: SqliteStore) -> None:
+    stored = _lazy_checkpoint(store, "r")
+    assert not store._queue.empty()  # queued, the writer not woken
+    assert not stored.is_set()
+    assert store.commit_now("r")
+    assert stored.is_set()  # told on this thread, before commit_now returned
+    assert store._queue.empty()
+    assert store._queue.idle()
+    assert store.load("r").snapshot.revision == 0
+    assert store.commit_now("r")  # nothing queued: nothing to do
 
 
 def test_a_lazy_write_nobody_waits_for_is_committed_by_the_writers_poll(
@@ -115,54 +119,37 @@ def test_a_lazy_write_wakes_a_dozing_writer(
         store.close()
 
 
-def test_commit_now_does_nothing_while_the_writer_holds_the_queue(
-    tmp_path: Path, polling: None
-) -> None:
-    store = SqliteStore(tmp_path / "runs.db", write_timeout=WAIT)
-    try:
-        _settled(store)
-        stored = _lazy_checkpoint(store, "r")
-        with store._commit_lock:  # as the writer does while it commits
-            assert not store.commit_now("r")
-            assert not stored.is_set()
-            assert not store._queue.empty()  # left queued, in order
-        assert stored.wait(WAIT)  # rung: the writer took it once it had the lock again
-    finally:
-        store.close()
+def test_commit_now_does_nothing_while_the_writer_holds_the_queue(store: SqliteStore) -> None:
+    stored = _lazy_checkpoint(store, "r")
+    with store._commit_lock:  # as the writer does while it commits
+        assert not store.commit_now("r")
+        assert not stored.is_set()
+        assert not store._queue.empty()  # left queued, in order
+    assert stored.wait(WAIT)  # rung: the writer took it once it had the lock again
 
 
 def test_commit_now_leaves_other_runs_writes_to_the_writers_group_commit(
-    tmp_path: Path, polling: None
+    store: SqliteStore,
 ) -> None:
-    store = SqliteStore(tmp_path / "runs.db", write_timeout=WAIT)
     commits: list[str] = []
-    try:
-        _settled(store)
-        mine = _lazy_checkpoint(store, "a")
-        other = _lazy_checkpoint(store, "b")
-        store._writer_conn.set_trace_callback(
-            lambda sql: commits.append(threading.current_thread().name) if sql == "COMMIT" else None
-        )
-        assert not store.commit_now("a")  # given back, the writer rung
-        assert mine.wait(WAIT)  # committed by the writer at once (not at its minute's poll)
-        assert other.wait(WAIT)
-        assert commits == ["steerable-sqlite"]  # both in one transaction
-    finally:
-        store.close()
+    mine = _lazy_checkpoint(store, "a")
+    other = _lazy_checkpoint(store, "b")
+    store._writer_conn.set_trace_callback(
+        lambda sql: commits.append(threading.current_thread().name) if sql == "COMMIT" else None
+    )
+    assert not store.commit_now("a")  # given back, the writer rung
+    assert mine.wait(WAIT)  # committed by the writer at once (not at its minute's poll)
+    assert other.wait(WAIT)
+    assert commits == ["steerable-sqlite"]  # both in one transaction
 
 
-def test_commit_now_leaves_a_flush_to_the_writer(tmp_path: Path, polling: None) -> None:
-    store = SqliteStore(tmp_path / "runs.db", write_timeout=WAIT)
-    try:
-        _settled(store)
-        stored = _lazy_checkpoint(store, "r")
-        done: Future[None] = Future()
-        store._queue.put_lazy((("flush", True), done, None))  # not rung: the writer polls
-        assert not store.commit_now("r")  # given back, the writer rung
-        done.result(WAIT)  # the writer took it at once (not at its minute's poll)
-        assert stored.is_set()  # queued before the flush: committed before it
-    finally:
-        store.close()
+def test_commit_now_leaves_a_flush_to_the_writer(store: SqliteStore) -> None:
+    stored = _lazy_checkpoint(store, "r")
+    done: Future[None] = Future()
+    store._queue.put_lazy((("flush", True), done, None))  # not rung: the writer polls
+    assert not store.commit_now("r")  # given back, the writer rung
+    done.result(WAIT)  # the writer took it at once (not at its minute's poll)
+    assert stored.is_set()  # queued before the flush: committed before it
 
 
 def test_commit_now_never_waits_for_another_connections_lock(

@@ -45,6 +45,7 @@ from .schema import SCHEMA_VERSION, check_foreign, migrate
 from .sqlite_events import SqliteEvents
 from .sqlite_files import private_file, transient, unavailable
 from .sqlite_own import SqliteOwnership
+from .sqlite_queue import WriteQueue
 from .sqlite_reads import SqliteReads
 from .sqlite_wal import WalCheckpointer
 from .sqlite_writer import (
@@ -53,7 +54,6 @@ from .sqlite_writer import (
     _MAX_BACKOFF,
     _STOP,
     SqliteWriter,
-    WriteQueue,
 )
 from .store import CheckpointStore, check_record
 

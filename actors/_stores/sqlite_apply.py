@@ -26,7 +26,7 @@ from .sqlite_wal import WalCheckpointer
 from .store import STATIC_KEYS, TERMINAL_STATES
 
 if TYPE_CHECKING:
-    from .sqlite_writer import WriteQueue
+    from .sqlite_queue import WriteQueue
 
 __all__ = ["SqliteApply"]
 

@@ -22,7 +22,7 @@ from .sqlite_rows import decoded
 from .store import corrupt_row, not_found
 
 if TYPE_CHECKING:
-    from .sqlite_writer import WriteQueue
+    from .sqlite_queue import WriteQueue
 
 __all__ = ["SqliteEvents", "apply_event_batches", "apply_events"]
 

@@ -20,7 +20,7 @@ from steerable.protocol import AgentError, ErrorCode, HostMessage, RunState, Ste
 from steerable.protocol._codec import decode, encode
 
 from .lease import Lease, Owner, message_fenced, owner_gone, run_owned
-from .sqlite_writer import WriteQueue
+from .sqlite_queue import WriteQueue
 from .store import not_found
 
 __all__ = ["SqliteOwnership"]
