@@ -311,10 +311,12 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
             self.services.hooks_draining.leave()
         for key in list(self._work):
             self.abandon_work(key)
-        # The machine refers back to its supervisor (its effects port): without that cycle a
-        # finished run (supervisor, cell, event history) is freed by reference counting as
-        # soon as the host drops its handle, instead of lingering until a full collection.
+        # The machine refers back to its supervisor (its effects port), and its parts to the
+        # machine: without those cycles a finished run (supervisor, cell, event history,
+        # machine, transcript) is freed by reference counting as soon as the host drops its
+        # handle, instead of lingering until a full collection.
         self.port.detach()
+        self.machine.release()
 
     # ------------------------------------------------------------------ Parkable
 

@@ -48,14 +48,7 @@ from steerable.protocol._built import built_decision_entry
 from steerable.protocol._state import TRANSITIONS
 
 from . import events
-from .base import (
-    MODEL_KEY,
-    PLAN_KEY,
-    RUN_KEY,
-    Call,
-    ToolLike,
-    named_error,
-)
+from .base import MODEL_KEY, PLAN_KEY, RUN_KEY, Call, ToolLike, named_error
 from .effects import Effects, TimerKind
 from .execute import Execution
 from .parts import Inbox, Meter
@@ -577,6 +570,13 @@ class RunMachine:
     def snapshot(self) -> dict[str, Any]:
         """The run's state as a `RunSnapshot` body (JSON shape), built without validation."""
         return self._persist.snapshot()
+
+    def release(self) -> None:
+        """Let go of the parts, which refer back to the machine (its actor stopped): a finished
+        run's machine and transcript are then freed by reference counting, not left to a full
+        collection (docs/performance.md, "A finished run is not a cycle"). Nothing may call the
+        machine afterwards."""
+        del self._reasoning, self._exec, self._stopping, self._persist
 
     def restore(
         self,
