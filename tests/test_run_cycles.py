@@ -13,11 +13,10 @@ woken), steering, and a subagent.
 from __future__ import annotations
 
 import gc
-import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -40,6 +39,11 @@ from steerable.protocol import (
     ToolCall,
     ToolResult,
 )
+
+if TYPE_CHECKING:  # mypy resolves the kits as tests.* (explicit package bases)
+    from tests.store_faults_kit import until
+else:  # pytest puts tests/ on sys.path (rootdir "prepend" import mode)
+    from store_faults_kit import until
 
 WAIT = 10.0  # generous fail-instead-of-hang bound
 
@@ -76,16 +80,6 @@ def pay(amount: int) -> str:
     return f"paid {amount}"
 
 
-def until(predicate: Callable[[], bool]) -> None:
-    """Wait until `predicate()` holds, in steps of a millisecond; fail after `WAIT` seconds."""
-    tick = threading.Event()
-    for _ in range(int(WAIT / 0.001)):
-        if predicate():
-            return
-        tick.wait(0.001)
-    raise AssertionError(f"condition never held within {WAIT}s")
-
-
 def _call(name: str, **arguments: object) -> Plan:
     return Plan(steps=(ToolCall(name=name, arguments=arguments),))
 
@@ -120,7 +114,7 @@ def approved_after_a_rest_and_steered(rt: Runtime) -> None:
     agent = ScriptedAgent([_call("pay", amount=3), _call("echo", text="c"), Finish(output="ok")])
     handle = rt.start("t", agent=agent)
     request = wait_event(handle, EventKind.APPROVAL_REQUESTED, timeout=WAIT)
-    until(lambda: rt.statistics()["runs_passivated"] == 1)  # its actor stopped; woken below
+    until(lambda: rt.statistics()["runs_passivated"] == 1, "passivated")  # woken below
     handle.send("and then this")
     assert handle.approve(request.data["call_id"])
     assert handle.result(WAIT).state is RunState.FINISHED
