@@ -349,12 +349,16 @@ DRIVER = Path(__file__).parent / "crash_drivers" / "isolation_driver.py"
 
 
 @pytest.mark.parametrize("name", ["sleeper", "spinner"])
-def test_a_host_killed_with_sigkill_leaves_no_worker(tmp_path: Path, name: str) -> None:
+def test_a_host_killed_with_sigkill_leaves_no_worker(name: str) -> None:
     import subprocess
     import sys
+    import tempfile
 
+    # A short directory for the beacon's socket (paths are limited to 108 bytes), removed here:
+    # the driver dies by SIGKILL and cannot.
+    directory = tempfile.TemporaryDirectory(prefix="iso")
     proc = subprocess.Popen(
-        [sys.executable, str(DRIVER), name],
+        [sys.executable, str(DRIVER), name, directory.name],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -377,5 +381,6 @@ def test_a_host_killed_with_sigkill_leaves_no_worker(tmp_path: Path, name: str) 
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+        directory.cleanup()
     for pid in workers:
         assert kit.wait_gone(pid), f"worker {pid} outlived its host"
