@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel
-
+from ._base import built_record
 from ._decisions import AskUser, Finish, Plan, PlanStep, ToolCall, Usage
 from ._errors import AgentError
 from ._frozen import freeze
@@ -34,35 +33,25 @@ __all__ = [
 ]
 
 _new = object.__new__
-# The records are frozen (their own __setattr__ refuses): the instance state is set through
-# BaseModel's slot descriptors, which every record shares; a direct descriptor call skips the
-# attribute lookup `object.__setattr__` makes through the record's MRO each time.
-_SLOTS = vars(BaseModel)
-_set_dict = _SLOTS["__dict__"].__set__
-_set_fields = _SLOTS["__pydantic_fields_set__"].__set__
-_set_extra = _SLOTS["__pydantic_extra__"].__set__
-_set_private = _SLOTS["__pydantic_private__"].__set__
 
 
 def built_tool_call(name: str, arguments: Mapping[str, Any], call_id: str) -> ToolCall:
     """`ToolCall(name=..., arguments=..., id=...)` from a validated call's name, frozen arguments
     and a call id of 1-128 characters (the caller's guarantee)."""
-    record = _new(ToolCall)
-    _set_dict(record, {"kind": "tool", "name": name, "arguments": arguments, "id": call_id})
-    _set_fields(record, {"name", "arguments", "id"})
-    _set_extra(record, None)
-    _set_private(record, None)
-    return record
+    return built_record(
+        ToolCall,
+        {"kind": "tool", "name": name, "arguments": arguments, "id": call_id},
+        {"name", "arguments", "id"},
+    )
 
 
 def built_plan(steps: tuple[PlanStep, ...], usage: Usage, thought: str) -> Plan:
     """`Plan(steps=..., usage=..., thought=...)` from validated steps, usage and thought."""
-    record = _new(Plan)
-    _set_dict(record, {"kind": "plan", "steps": steps, "usage": usage, "thought": thought})
-    _set_fields(record, {"steps", "usage", "thought"})
-    _set_extra(record, None)
-    _set_private(record, None)
-    return record
+    return built_record(
+        Plan,
+        {"kind": "plan", "steps": steps, "usage": usage, "thought": thought},
+        {"steps", "usage", "thought"},
+    )
 
 
 _DECISION_TYPES = (Plan, Finish, AskUser)
@@ -77,12 +66,11 @@ def built_decision_entry(model_call: int, decision: Plan | Finish | AskUser) -> 
     """
     if type(model_call) is not int or type(decision) not in _DECISION_TYPES:
         return DecisionEntry(model_call=model_call, decision=decision)
-    record = _new(DecisionEntry)
-    _set_dict(record, {"kind": "decision", "model_call": model_call, "decision": decision})
-    _set_fields(record, {"model_call", "decision"})
-    _set_extra(record, None)
-    _set_private(record, None)
-    return record
+    return built_record(
+        DecisionEntry,
+        {"kind": "decision", "model_call": model_call, "decision": decision},
+        {"model_call", "decision"},
+    )
 
 
 def built_tool_result(
@@ -117,9 +105,8 @@ def built_tool_result(
             attempts=attempts,
             duration=duration,
         )
-    record = _new(ToolResult)
-    _set_dict(
-        record,
+    return built_record(
+        ToolResult,
         {
             "kind": "tool_result",
             "call_id": call_id,
@@ -130,11 +117,8 @@ def built_tool_result(
             "attempts": attempts,
             "duration": duration,
         },
+        {"call_id", "tool", "ok", "value", "error", "attempts", "duration"},
     )
-    _set_fields(record, {"call_id", "tool", "ok", "value", "error", "attempts", "duration"})
-    _set_extra(record, None)
-    _set_private(record, None)
-    return record
 
 
 # `RunView` and `Budgets` are frozen slotted dataclasses: their generated __init__ sets each

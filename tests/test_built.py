@@ -31,6 +31,7 @@ from steerable.protocol._built import (
     built_tool_result,
     built_view,
 )
+from steerable.protocol._errors import DEFAULT_RETRYABLE
 from steerable.protocol._frozen import freeze
 from steerable.protocol._view import Budgets, RunView, Transcript
 
@@ -231,3 +232,47 @@ def test_built_view_equals_constructed(
         built.depth = 1  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         budgets.steps_left = 1  # type: ignore[misc]
+
+
+detail_names = st.text(min_size=1, max_size=8).filter(str.isidentifier)
+
+
+@given(
+    st.sampled_from(list(ErrorCode)),
+    st.text(max_size=30),
+    st.none() | st.booleans(),
+    st.dictionaries(detail_names, tool_values, max_size=4),
+)
+def test_agent_error_of_equals_validated(
+    code: ErrorCode, message: str, retryable: bool | None, details: dict[str, object]
+) -> None:
+    built = AgentError.of(code, message, retryable=retryable, **details)
+    validated = AgentError(
+        code=code,
+        message=message,
+        retryable=DEFAULT_RETRYABLE[code] if retryable is None else retryable,
+        details=details,
+    )
+    assert built == validated
+    assert list(built.__dict__) == list(validated.__dict__)
+    assert built.model_fields_set == validated.model_fields_set
+    assert built.__pydantic_extra__ == validated.__pydantic_extra__
+    assert built.__pydantic_private__ == validated.__pydantic_private__
+    assert type(built.details) is type(validated.details)
+    assert hash(built.details) == hash(validated.details)
+    assert built.model_dump(mode="json") == validated.model_dump(mode="json")
+    assert AgentError.model_validate_json(built.model_dump_json()) == validated
+
+
+def test_agent_error_of_validates_what_is_not_exact() -> None:
+    # A code given as its text, a message that is no str: the validated constructor decides.
+    assert AgentError.of("cancelled", "x").code is ErrorCode.CANCELLED  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        AgentError.of("no_such_code", "x")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        AgentError.of(ErrorCode.CANCELLED, 3)  # type: ignore[arg-type]
+
+    class Sub(AgentError):
+        pass
+
+    assert type(Sub.of(ErrorCode.TIMEOUT, "late")) is Sub
