@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from steerable.actors._engine.cancel import CancelScope
 from steerable.actors._engine.flag import LazyEvent
+from steerable.actors._engine.gil import hand_over
 from steerable.protocol import (
     AgentError,
     ApprovalRequest,
@@ -61,6 +62,9 @@ class RunCell:
         self.state = RunState.IDLE
         self.revision = -1
         self.future: concurrent.futures.Future[RunOutcome] = concurrent.futures.Future()
+        self.awaited = False
+        """Set when the host waits for the outcome (`result()`, `await wait()`): the thread
+        that settles the run then hands the GIL to it before its own teardown."""
         self.lock = threading.Lock()
         self.next_seq = next_seq
         self.message_ids: dict[str, int] = {}
@@ -170,6 +174,8 @@ class RunCell:
         # The store has the run's last events (run_ended) before anyone learns the outcome.
         self.events.store_pending()
         self.future.set_result(outcome)
+        if self.awaited:
+            hand_over()  # the host learns the outcome now, not after this run's teardown
         with self.lock:
             callbacks, self._on_settle = self._on_settle, []
         for callback in callbacks:

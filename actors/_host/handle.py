@@ -168,11 +168,15 @@ class RunHandle:
         Raises:
             TimeoutError: The run did not end within `timeout` seconds.
         """
-        return self._cell.future.result(timeout)
+        cell = self._cell
+        cell.awaited = True
+        return cell.future.result(timeout)
 
     async def wait(self) -> RunOutcome:
         """Await the run's outcome without blocking the event loop."""
-        return await await_future(self._cell.future)
+        cell = self._cell
+        cell.awaited = True
+        return await await_future(cell.future)
 
     def done(self) -> bool:
         """Whether the run has an outcome."""
