@@ -316,7 +316,17 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         # machine, transcript) is freed by reference counting as soon as the host drops its
         # handle, instead of lingering until a full collection.
         self.port.detach()
+        if self.machine.is_terminal and self._published:
+            self._compact()
         self.machine.release()
+
+    def _compact(self) -> None:
+        # After the outcome went out (and the GIL to the host waiting for it): none of this
+        # is on the host's path. A store's failure here loses nothing; it is logged.
+        try:
+            self.services.store.compact(self.cell.run_id)
+        except Exception:  # noqa: BLE001 - a store's housekeeping must not break the stop
+            self._log.warning("store_compact_failed", exc_info=True)
 
     # ------------------------------------------------------------------ Parkable
 

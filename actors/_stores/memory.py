@@ -241,10 +241,8 @@ class MemoryStore(CheckpointStore):
             return
         if on_stored is not None:
             on_stored()
-        if snapshot["state"] in TERMINAL_STATES:
-            self._pack_entries(run_id)
 
-    def _pack_entries(self, run_id: str) -> None:
+    def compact(self, run_id: str) -> None:
         """Keep an ended run's transcript encoded, as a durable store keeps it.
 
         A finished run's entries are pydantic models (three or more objects each the collector
@@ -253,11 +251,14 @@ class MemoryStore(CheckpointStore):
         walked (docs/performance.md, "GC-tracked objects"). A load hands them out as
         `LazyEntries`, decoded as they are read, as the durable stores do. Encoded outside the
         lock; an entry rewritten meanwhile keeps its new value. Only up to `_PACK_AT_END`
-        entries.
+        entries, and only for a run whose last revision is terminal. Called by the run's
+        supervisor once its outcome is published: encoding ~6 µs an entry, on a thread that
+        has just woken from the run's last tool, took 60-100 µs off every W3 cancellation's
+        path to `result()` when it was done as the terminal revision was written.
         """
         with self._lock:
             run = self._runs.get(run_id)
-            if run is None:
+            if run is None or not run.revisions or run.revisions[-1][_STATE] not in TERMINAL_STATES:
                 return
             entries = run.entries
             if len(entries) > _PACK_AT_END:

@@ -353,6 +353,12 @@ class CheckpointStore(ABC):
         del run_id
         return False
 
+    def compact(self, run_id: str) -> None:  # noqa: B027 - most stores hold nothing to compact
+        """Run `run_id` has ended and its supervisor is stopping: keep what is left of it in
+        its most compact form. Called once the run's outcome is published, so none of it is
+        on the way to the host that waits for it (`MemoryStore` encodes the run's transcript
+        here, as a durable store holds it). Must not raise. Default: nothing."""
+
     def commit_soon(self) -> None:  # noqa: B027 - a store with no thread has none to wake
         """Have writes queued without waking the store's thread (see `commit_now`) committed
         without delay: a run handled on a pool worker waits for them. Default: nothing."""
