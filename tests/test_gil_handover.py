@@ -39,6 +39,17 @@ class _Recorder:
         self.calls.append(all(h._cell.future.done() for h in self.handles))
 
 
+class Gated:
+    """Finishes once `release` is set: the test decides when the run may end."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+
+    def decide(self, view: object) -> Finish:
+        assert self.release.wait(WAIT)
+        return Finish(output="done")
+
+
 @pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
     rec = _Recorder()
@@ -49,13 +60,8 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
 def test_a_host_blocked_in_result_before_the_end_is_handed_the_gil(recorder: _Recorder) -> None:
     release = threading.Event()
 
-    class Gated:
-        def decide(self, view: object) -> Finish:
-            assert release.wait(WAIT)
-            return Finish(output="done")
-
     with Runtime() as rt:
-        handle = rt.start("t", agent=Gated())
+        handle = rt.start("t", agent=Gated(release))
         recorder.handles.append(handle)
         outcome: list[RunState] = []
         waiter = threading.Thread(target=lambda: outcome.append(handle.result(WAIT).state))
@@ -71,14 +77,9 @@ def test_a_host_blocked_in_result_before_the_end_is_handed_the_gil(recorder: _Re
 def test_an_async_host_awaiting_the_outcome_is_handed_the_gil(recorder: _Recorder) -> None:
     release = threading.Event()
 
-    class Gated:
-        def decide(self, view: object) -> Finish:
-            assert release.wait(WAIT)
-            return Finish(output="done")
-
     async def main() -> RunState:
         async with Runtime() as rt:
-            handle = await rt.astart("t", agent=Gated())
+            handle = await rt.astart("t", agent=Gated(release))
             recorder.handles.append(handle)
             waiting = asyncio.ensure_future(handle.wait())
             await asyncio.sleep(0)  # the task runs up to its await: the run is awaited now
