@@ -19,10 +19,11 @@ from ._host.handle import RunHandle
 from ._host.runtime import Runtime, RunTree
 from ._host.supervisor import RunSupervisor
 from ._observe.feed import FeedStream
+from ._stores.memory import MemoryStore
 from ._stores.postgres import PostgresStore
 from ._stores.replay import Replay
 from ._stores.sqlite import SqliteStore
-from ._stores.store import CheckpointStore, MemoryStore, RevisionInfo, RunSummary, StoredRun
+from ._stores.store import CheckpointStore, RevisionInfo, RunSummary, StoredRun
 from ._tools.tool import (
     RetryableToolError,
     Tool,

@@ -24,7 +24,8 @@ from steerable.actors._engine.log import get_logger
 from steerable.actors._engine.mux import Dispatcher
 from steerable.actors._engine.pool import WorkerPool
 from steerable.actors._engine.timer import TimerService
-from steerable.actors._stores.store import CheckpointStore, MemoryStore
+from steerable.actors._stores.memory import MemoryStore
+from steerable.actors._stores.store import CheckpointStore
 from steerable.actors._tools.tool import Tool
 from steerable.protocol import (
     Compatibility,

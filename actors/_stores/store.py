@@ -42,7 +42,6 @@ __all__ = [
     "CheckpointStore",
     "EventRecord",
     "Lease",
-    "MemoryStore",
     "Owner",
     "RevisionInfo",
     "RunSummary",
@@ -436,7 +435,3 @@ class CheckpointStore(ABC):
         listeners: FenceListeners | None = self.__dict__.get("_fence_listeners")
         if listeners is not None and run_ids:
             listeners.fire(run_ids)
-
-
-# MemoryStore lives in memory.py (split along its seam); imported here for the old path.
-from .memory import MemoryStore  # noqa: E402
