@@ -21,10 +21,12 @@ import pytest
 
 from steerable.actors import Runtime, SqliteStore, ToolContext, tool
 from steerable.actors._engine import inline
+from steerable.actors._host import supervisor as supervisor_mod
+from steerable.actors._host.messages import Stored
 from steerable.actors._stores import events as events_mod
 from steerable.actors._stores import sqlite as sqlite_mod
 from steerable.actors._stores import sqlite_writer
-from steerable.protocol import Finish, Plan, RunConfig, RunState, RunView, ToolCall
+from steerable.protocol import EventKind, Finish, Plan, RunConfig, RunState, RunView, ToolCall
 
 if TYPE_CHECKING:  # mypy resolves the kits as tests.* (explicit package bases)
     from tests.store_faults_kit import WAIT
@@ -221,6 +223,35 @@ def test_a_run_commits_its_checkpoints_on_the_worker_that_handles_it(
     # run waited for was committed by the worker handling it (the old writer did them all).
     assert len(committers) >= outcome.revision + 1
     assert len(on_workers) > len(committers) // 2, committers
+
+
+def test_a_run_that_commits_its_own_checkpoints_goes_on_without_stored_messages(
+    tmp_path: Path, polling: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A commit made by the run's own thread inside its handler tells it nothing by message:
+    # the handler goes on at once (before: two `Stored` messages handled per iteration).
+    told: list[int] = []
+    real = supervisor_mod._HANDLERS[Stored]
+
+    def counting(sup: supervisor_mod.RunSupervisor, message: Stored, now: float) -> None:
+        told.append(message.revision)
+        real(sup, message, now)
+
+    monkeypatch.setitem(supervisor_mod._HANDLERS, Stored, counting)
+    store = SqliteStore(tmp_path / "runs.db", write_timeout=WAIT)
+    iterations = 30
+    with Runtime(tools=[step], store=store, prestart_workers=4) as rt:
+        config = RunConfig(max_steps=iterations + 10, max_model_calls=iterations + 10)
+        handle = rt.start("t", agent=_Loop(iterations), config=config)
+        outcome = handle.result(timeout=WAIT)
+        assert outcome.state is RunState.FINISHED
+        assert store.load(handle.run_id).snapshot.revision == outcome.revision
+        assert [e.kind for e in handle.events()].count(EventKind.REASONING_STARTED) == (
+            iterations + 1
+        )
+    # The writer polls once a minute: what it commits (the first revision, a commit the
+    # worker found the writer busy with, the terminal one) it tells; the rest nobody does.
+    assert len(told) < iterations // 2, told
 
 
 _read_runs: list[str] = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
+from threading import get_ident
 from typing import TYPE_CHECKING, Any, cast
 
 from steerable.actors._engine.base import SteerableActor
@@ -53,7 +54,7 @@ from .messages import (
     TimerFired,
     lease_lost_error,
 )
-from .supervisor_ending import SupervisorEnding
+from .supervisor_ending import InlineCommit, SupervisorEnding
 from .supervisor_work import _Work
 
 if TYPE_CHECKING:
@@ -116,6 +117,7 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         self._fenced = False
         self._published = False  # the outcome is settled; hooks still pending run after it
         self._draining = False  # counted in services.hooks_draining until its hooks are done
+        self._inline_commit = InlineCommit()
 
         # The machine reaches this supervisor only through `port`, which `stopping` empties.
         self.port = _Port(self)
@@ -162,8 +164,8 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
                 # Its writes were queued without waking the store's writer (decision 0004).
                 if self._held_decide is not None:
                     # Its model call waits: it commits them here rather than have the writer
-                    # woken to wake it, and, told `Stored`, goes on on this thread.
-                    self.services.store.commit_now(self.cell.run_id)
+                    # woken to wake it, and goes on at once on this thread.
+                    self._commit_now(now)
                 elif self._held or self._ended is not None or machine.parked:
                     # Waits that concurrent runs reach together (outcomes, approvals): the
                     # writer commits them in one transaction.
@@ -176,6 +178,17 @@ class RunSupervisor(SupervisorEnding, SteerableActor, MuxActor):
         ):
             self.services.host.park(self)
         return None
+
+    def _commit_now(self, now: float) -> None:
+        inline = self._inline_commit
+        inline.thread = get_ident()
+        try:
+            self.services.store.commit_now(self.cell.run_id)
+        finally:
+            inline.thread = None
+        if inline.revision > self._stored:
+            # What the `Stored` messages of that commit would have done, next on this thread.
+            self._on_stored(Stored(inline.revision), now)
 
     def _on_tool_done(self, message: ToolDone, now: float) -> None:
         work = self._work.get(message.call_id)

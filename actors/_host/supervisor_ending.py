@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
+from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 import pykka
@@ -36,7 +37,20 @@ from .jobs import HookJob
 from .messages import Stored, StoreFailed
 from .supervisor_work import SupervisorWork
 
-__all__ = ["SupervisorEnding"]
+__all__ = ["InlineCommit", "SupervisorEnding"]
+
+
+class InlineCommit:
+    """Which thread commits a run's writes inside its handler (`commit_now`), and the
+    latest revision that commit stored: what its `on_stored` callbacks record instead of
+    telling the run `Stored` (shared with them, so they hold no reference to the run)."""
+
+    __slots__ = ("revision", "thread")
+
+    def __init__(self) -> None:
+        self.thread: int | None = None
+        self.revision = -1
+
 
 _RUN_ENDED = EventKind.RUN_ENDED
 _APPROVAL_REQUESTED = EventKind.APPROVAL_REQUESTED
@@ -57,6 +71,7 @@ class SupervisorEnding(SupervisorWork):
     _outcome: RunOutcome | None
     _published: bool
     _draining: bool
+    _inline_commit: InlineCommit
 
     if TYPE_CHECKING:  # provided by RunSupervisor (no stub shadows it at run time)
 
@@ -261,9 +276,15 @@ class SupervisorEnding(SupervisorWork):
             on_failed = self._failure_callback(revision)
             ref = self.actor_ref
             stored_event = self.cell.stored
+            inline = self._inline_commit
 
             def on_stored() -> None:
                 stored_event.set()
+                if inline.thread == get_ident():
+                    # Committed by the run's own thread inside its handler (`commit_now`):
+                    # the handler goes on at once, with no `Stored` message to handle.
+                    inline.revision = max(inline.revision, revision)
+                    return
                 with contextlib.suppress(pykka.ActorDeadError):
                     ref.tell(Stored(revision))
         else:
