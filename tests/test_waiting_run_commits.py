@@ -26,7 +26,16 @@ from steerable.actors._host.messages import Stored
 from steerable.actors._stores import events as events_mod
 from steerable.actors._stores import sqlite as sqlite_mod
 from steerable.actors._stores import sqlite_writer
-from steerable.protocol import EventKind, Finish, Plan, RunConfig, RunState, RunView, ToolCall
+from steerable.protocol import (
+    EventKind,
+    Finish,
+    Plan,
+    RunConfig,
+    RunOutcome,
+    RunState,
+    RunView,
+    ToolCall,
+)
 
 if TYPE_CHECKING:  # mypy resolves the kits as tests.* (explicit package bases)
     from tests.store_faults_kit import WAIT
@@ -199,6 +208,18 @@ class _Loop:
         return Plan(steps=(ToolCall(name="step"),))
 
 
+def _loop_on(store: SqliteStore, iterations: int) -> tuple[RunOutcome, list[EventKind]]:
+    """Run `_Loop(iterations)` to its end on `store`; its outcome (checked against the store)
+    and the kinds of its events."""
+    with Runtime(tools=[step], store=store, prestart_workers=4) as rt:
+        config = RunConfig(max_steps=iterations + 10, max_model_calls=iterations + 10)
+        handle = rt.start("t", agent=_Loop(iterations), config=config)
+        outcome = handle.result(timeout=WAIT)
+        assert outcome.state is RunState.FINISHED
+        assert store.load(handle.run_id).snapshot.revision == outcome.revision
+        return outcome, [e.kind for e in handle.events()]
+
+
 def test_a_run_commits_its_checkpoints_on_the_worker_that_handles_it(
     tmp_path: Path, polling: None
 ) -> None:
@@ -211,13 +232,8 @@ def test_a_run_commits_its_checkpoints_on_the_worker_that_handles_it(
 
     store._writer_conn.set_trace_callback(traced)
     iterations = 30
-    with Runtime(tools=[step], store=store, prestart_workers=4) as rt:
-        config = RunConfig(max_steps=iterations + 10, max_model_calls=iterations + 10)
-        handle = rt.start("t", agent=_Loop(iterations), config=config)
-        outcome = handle.result(timeout=WAIT)
-        assert outcome.state is RunState.FINISHED
-        assert outcome.revision >= 2 * iterations
-        assert store.load(handle.run_id).snapshot.revision == outcome.revision
+    outcome, _ = _loop_on(store, iterations)
+    assert outcome.revision >= 2 * iterations
     on_workers = [name for name in committers if name.startswith("ToolWorker")]
     # Each revision is committed once; with the writer polling once a minute, every one the
     # run waited for was committed by the worker handling it (the old writer did them all).
@@ -238,17 +254,9 @@ def test_a_run_that_commits_its_own_checkpoints_goes_on_without_stored_messages(
         real(sup, message, now)
 
     monkeypatch.setitem(supervisor_mod._HANDLERS, Stored, counting)
-    store = SqliteStore(tmp_path / "runs.db", write_timeout=WAIT)
     iterations = 30
-    with Runtime(tools=[step], store=store, prestart_workers=4) as rt:
-        config = RunConfig(max_steps=iterations + 10, max_model_calls=iterations + 10)
-        handle = rt.start("t", agent=_Loop(iterations), config=config)
-        outcome = handle.result(timeout=WAIT)
-        assert outcome.state is RunState.FINISHED
-        assert store.load(handle.run_id).snapshot.revision == outcome.revision
-        assert [e.kind for e in handle.events()].count(EventKind.REASONING_STARTED) == (
-            iterations + 1
-        )
+    _, kinds = _loop_on(SqliteStore(tmp_path / "runs.db", write_timeout=WAIT), iterations)
+    assert kinds.count(EventKind.REASONING_STARTED) == iterations + 1
     # The writer polls once a minute: what it commits (the first revision, a commit the
     # worker found the writer busy with, the terminal one) it tells; the rest nobody does.
     assert len(told) < iterations // 2, told
