@@ -114,12 +114,22 @@ def cli(db: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+# The CLI as a terminal starts it, whoever starts the tests: Python turns SIGINT into
+# KeyboardInterrupt only if SIGINT was not ignored when it started, and a test runner started
+# in the background of a script (`cmd &` without job control, nohup'd loops) ignores SIGINT,
+# which every child inherits: the Ctrl-C test then hung until its guard.
+_AT_A_TERMINAL = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'steerable'; runpy.run_module('steerable.actors._cli', run_name='__main__')"
+)
+
+
 class Follower:
     """`steerable events RUN --follow --json` in its own process, read line by line."""
 
     def __init__(self, db: Path, run_id: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "steerable.actors._cli", "events", run_id, "--follow", "--json"],
+            [sys.executable, "-c", _AT_A_TERMINAL, "events", run_id, "--follow", "--json"],
             env=_env(db),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
