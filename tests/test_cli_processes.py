@@ -116,7 +116,7 @@ def cli(db: Path, *argv: str) -> subprocess.CompletedProcess[str]:
 
 # The CLI as a terminal starts it, whoever starts the tests: Python turns SIGINT into
 # KeyboardInterrupt only if SIGINT was not ignored when it started, and a test runner started
-# in the background of a script (`cmd &` without job control, nohup'd loops) ignores SIGINT,
+# in the background of a script (`cmd &` where job control is off) ignores SIGINT,
 # which every child inherits: the Ctrl-C test then hung until its guard.
 _AT_A_TERMINAL = (
     "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
