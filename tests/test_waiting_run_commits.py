@@ -38,10 +38,10 @@ from steerable.protocol import (
 )
 
 if TYPE_CHECKING:  # mypy resolves the kits as tests.* (explicit package bases)
-    from tests.store_faults_kit import WAIT
+    from tests.store_faults_kit import WAIT, FaultyStore, disk_full
     from tests.test_stores import snapshot
 else:  # pytest puts tests/ on sys.path (rootdir "prepend" import mode)
-    from store_faults_kit import WAIT
+    from store_faults_kit import WAIT, FaultyStore, disk_full
     from test_stores import snapshot
 
 
@@ -184,6 +184,26 @@ def test_commit_now_never_waits_for_another_connections_lock(
         assert store._writer_conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
     finally:
         other.close()
+        store.close()
+
+
+def test_a_full_disk_in_commit_now_is_counted_as_a_retry_and_the_writer_commits_it(
+    tmp_path: Path, polling: None
+) -> None:
+    store = FaultyStore(tmp_path / "runs.db", write_timeout=WAIT)
+    try:
+        _settled(store)
+        stored = _lazy_checkpoint(store, "r")
+        store.faults.arm(disk_full(), times=1)
+        assert not store.commit_now("r")  # the run's own attempt fails: given back
+        assert store.faults.failures == 1
+        # A failed attempt that is tried again, whoever made it: `write_retries` counts what
+        # the disk refused, not which thread asked.
+        assert store.statistics() == {"write_retries": 1, "writes_given_up": 0}
+        assert stored.wait(WAIT)  # the writer, rung by the give-back, committed it
+        assert store.load("r").snapshot.revision == 0
+        assert store.statistics() == {"write_retries": 1, "writes_given_up": 0}
+    finally:
         store.close()
 
 

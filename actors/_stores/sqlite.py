@@ -145,7 +145,7 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
         self._close_lock = threading.Lock()
         self._failed: BaseException | None = None
         self._given_up: BaseException | None = None  # the last write given up, until one lands
-        self._retries = 0  # written by the writer thread only
+        self._retries = 0  # written under the commit lock (the writer, or a run's commit_now)
         self._gave_up = 0
         self._static_written: set[str] = set()  # touched by the writer thread only
         self._static_added: list[str] = []  # this transaction's additions (undone on rollback)
@@ -326,7 +326,9 @@ class SqliteStore(SqliteReads, SqliteWriter, SqliteOwnership, SqliteEvents, Chec
 
     def statistics(self) -> dict[str, int]:
         """Write failures so far: `write_retries` (attempts that failed for a transient
-        reason and were tried again) and `writes_given_up` (batches given up)."""
+        reason and were tried again; of a run's own attempts, `commit_now`, only those a full
+        disk refused: one that meets a lock leaves the write to the writer by design) and
+        `writes_given_up` (batches given up)."""
         return {"write_retries": self._retries, "writes_given_up": self._gave_up}
 
     def flush(self, timeout: float | None = None, *, events: bool = True) -> bool:

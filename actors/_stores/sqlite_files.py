@@ -13,6 +13,7 @@ from steerable.actors._engine.log import get_logger
 from steerable.protocol import AgentError, ErrorCode, SteerableError
 
 __all__ = [
+    "full_disk",
     "notify_failed",
     "notify_stored",
     "private_dirs",
@@ -26,6 +27,7 @@ _log = get_logger("steerable.sqlite")
 _TRANSIENT = frozenset({5, 6, 13})
 """SQLite primary result codes worth retrying: SQLITE_BUSY, SQLITE_LOCKED, SQLITE_FULL."""
 _TRANSIENT_TEXT = ("locked", "busy", "full")
+_SQLITE_FULL = 13
 
 
 def transient(exc: BaseException) -> bool:
@@ -37,6 +39,17 @@ def transient(exc: BaseException) -> bool:
         return code & 0xFF in _TRANSIENT
     text = str(exc).lower()
     return any(word in text for word in _TRANSIENT_TEXT)
+
+
+def full_disk(exc: BaseException) -> bool:
+    """Whether a failed write was refused for want of space (SQLITE_FULL): a fault worth
+    counting, where a lock or busy error is another connection's turn."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF == _SQLITE_FULL
+    return "full" in str(exc).lower()
 
 
 def unavailable(message: str, cause: BaseException | None = None, **details: Any) -> SteerableError:

@@ -23,7 +23,7 @@ from steerable.protocol._codec import encode, encode_body
 from .events import EVENTS_WAKE
 from .lease import message_fenced
 from .sqlite_apply import _FENCED_OPS, _INBOX_INSERT, SqliteApply
-from .sqlite_files import notify_failed, notify_stored, transient, unavailable
+from .sqlite_files import full_disk, notify_failed, notify_stored, transient, unavailable
 from .sqlite_queue import WriteQueue
 from .sqlite_rows import checksum
 from .store import STATIC_KEYS, dynamic_part
@@ -261,7 +261,7 @@ class SqliteWriter(SqliteApply):
                     attempt -= 1
                     continue
                 if helping:
-                    return _NOT_DONE
+                    return self._helper_failed(exc)
                 if not isinstance(exc, sqlite3.Error):
                     return self._writer_failed(exc)
                 now = time.monotonic()
@@ -278,6 +278,15 @@ class SqliteWriter(SqliteApply):
                 return self._give_up(exc, attempt, round(now - started, 3))
             self._given_up = None
             return None
+
+    def _helper_failed(self, exc: BaseException) -> _NotDone:
+        """A run's own attempt (`commit_now`) failed: the writer will try the batch again."""
+        if full_disk(exc):
+            # A retry as any of the writer's own; a busy lock is not one (this attempt waits
+            # for none by design, and the writer takes its turn).
+            self._retries += 1
+            _log.warning("sqlite_write_retry", path=str(self.path), attempt=1, error=str(exc))
+        return _NOT_DONE
 
     def _begin(self, conn: sqlite3.Connection, helping: bool) -> None:
         # IMMEDIATE: the fence check reads the lease and the write follows in the same
