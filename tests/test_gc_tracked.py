@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
 
-from steerable.actors import MemoryStore, Runtime, tool
+from steerable.actors import MemoryStore, Runtime, SqliteStore, tool
 from steerable.actors._host.events import EventLog
 from steerable.actors._machine.preview import NO_ARGUMENTS
 from steerable.actors.testing import ScriptedAgent
@@ -133,9 +134,11 @@ def test_a_held_closed_log_is_compacted_by_the_next_close_and_reads_the_same() -
     assert [e.data for e in log.stream()] == before
 
 
-def test_a_log_dropped_when_its_run_ends_is_never_packed(monkeypatch: Any) -> None:
-    # Most handles are dropped as the run ends (W1's are): packing their history would be
-    # CPU spent for nothing (issue 14's budget for rich events).
+def _echo_agent() -> ScriptedAgent:
+    return ScriptedAgent([Plan(steps=[ToolCall(name="echo", arguments={"text": "a"})]), Finish()])
+
+
+def _counting_packs(monkeypatch: Any) -> list[int]:
     from steerable.actors._host import events
 
     packed: list[int] = []
@@ -146,25 +149,56 @@ def test_a_log_dropped_when_its_run_ends_is_never_packed(monkeypatch: Any) -> No
         return real(cols)
 
     monkeypatch.setattr(events, "_pack_history", counting)
+    return packed
 
-    def agent() -> ScriptedAgent:
-        return ScriptedAgent(
-            [Plan(steps=[ToolCall(name="echo", arguments={"text": "a"})]), Finish()]
-        )
 
-    with Runtime(tools=[echo]) as rt:
+def test_a_log_nobody_keeps_when_its_run_ends_is_never_packed(
+    monkeypatch: Any, tmp_path: Path
+) -> None:
+    # A store that copies the events (SqliteStore) holds no log: a handle dropped as its run
+    # ends (W1's are) frees the log, and packing its history would be CPU spent for nothing
+    # (issue 14's budget for rich events).
+    packed = _counting_packs(monkeypatch)
+    with Runtime(tools=[echo], store=SqliteStore(tmp_path / "runs.db")) as rt:
         for _ in range(3):
-            assert rt.start("task", agent=agent()).result(timeout=WAIT).state is RunState.FINISHED
+            outcome = rt.start("task", agent=_echo_agent()).result(timeout=WAIT)
+            assert outcome.state is RunState.FINISHED
         assert packed == []
-        held = rt.start("task", agent=agent())
+        held = rt.start("task", agent=_echo_agent())
         assert held.result(timeout=WAIT).state is RunState.FINISHED
-        assert rt.start("task", agent=agent()).result(timeout=WAIT).state is RunState.FINISHED
+        assert rt.start("task", agent=_echo_agent()).result(timeout=WAIT).state is RunState.FINISHED
     # The next run's log closes as that run settles, after its outcome is out (the host may
     # read it first): once the runtime is shut down every run has settled.
     assert len(packed) == 1  # the held one, when the next run ended
     kinds = [e.kind for e in held.events()]
     assert kinds[-1] is EventKind.RUN_ENDED
     assert EventKind.TOOL_STARTED in kinds
+
+
+def test_the_memory_store_keeps_an_ended_runs_log_and_it_is_compacted_once(
+    monkeypatch: Any,
+) -> None:
+    # The MemoryStore keeps a finished run's events as its log holds them (no copy, no
+    # packing on the thread that publishes the outcome); that log is compacted once, when
+    # the next one closes: no data dict of it is left for full collections to walk.
+    packed = _counting_packs(monkeypatch)
+    store = MemoryStore()
+    with Runtime(tools=[echo], store=store) as rt:
+        first = rt.start("task", agent=_echo_agent())
+        assert first.result(timeout=WAIT).state is RunState.FINISHED
+        live = [(e.seq, e.kind, e.data) for e in first.events()]
+        run_id = first.run_id
+        del first
+        assert packed == []
+        assert rt.start("task", agent=_echo_agent()).result(timeout=WAIT).state is RunState.FINISHED
+    assert len(packed) == 1  # the first log, by the second's close
+    assert [(e.seq, e.kind, e.data) for e in store.events(run_id)] == live
+    assert len(packed) == 1  # read as compacted: once
+    (segment,) = store._events[run_id]._segments
+    assert not isinstance(segment[1], bytes)  # the log's own history, not a copy
+    gc.collect()
+    history = segment[1]._log  # type: ignore[attr-defined]
+    assert not any(gc.is_tracked(slot) for slot in history._cols)
 
 
 def test_a_compacted_log_with_a_dict_msgpack_cannot_carry_packs_the_others() -> None:

@@ -431,8 +431,19 @@ def test_memory_store_retention_is_per_run_history() -> None:
         assert len(rt.store.runs()) == runs + 20
     per_run = retained / runs / 1024
     FIGURES["memory_store"] = {"runs": runs, "retained_kb_per_finished_run": round(per_run, 1)}
-    # a finished 1-2 step run's history (4 revisions, 3-4 transcript entries) is a few kB
+    # a finished 1-2 step run's history (4 revisions, 3-4 transcript entries, its event log
+    # as the run left it: ~10 kB measured, 6 when events were packed) is a few kB
     assert per_run < 32, f"{per_run:.1f} kB kept per finished run"
+
+
+def _stored_logs(store: Any) -> list[Any]:
+    """The event logs a MemoryStore keeps as runs' stored events (`MemoryEvents.keep`)."""
+    return [
+        segment._log
+        for stream in store._events.values()
+        for _, segment in stream._segments
+        if not isinstance(segment, bytes)
+    ]
 
 
 def test_a_finished_run_is_freed_by_reference_counting() -> None:
@@ -449,13 +460,19 @@ def test_a_finished_run_is_freed_by_reference_counting() -> None:
         try:
             sequential(rt, 5, 5 + runs)
             assert_runtime_empty(rt)
+            # The MemoryStore keeps each ended run's event log as its stored events (by
+            # design: no copy); nothing else of a run may outlive it.
+            kept = {id(log) for log in _stored_logs(rt.store)}
+            assert len(kept) == 5 + runs
             left: dict[str, int] = {}
             for obj in gc.get_objects():  # no collection: what reference counting left
                 name = type(obj).__name__
                 # The machine and its parts refer to one another (a cycle of the machine's
                 # own, freed by the collector); none of them leads back to the host's objects.
-                if name in RUN_TYPES - {"RunMachine"} and type(obj).__module__.startswith(
-                    "steerable."
+                if (
+                    name in RUN_TYPES - {"RunMachine"}
+                    and type(obj).__module__.startswith("steerable.")
+                    and id(obj) not in kept
                 ):
                     left[name] = left.get(name, 0) + 1
         finally:

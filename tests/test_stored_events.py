@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from steerable.actors import CheckpointStore, MemoryStore, Runtime, SqliteStore
+from steerable.actors import CheckpointStore, MemoryStore, Runtime, SqliteStore, tool
+from steerable.actors._host.events import EventLog
 from steerable.actors._stores.events import EventRecord
-from steerable.actors._stores.lease import Owner
+from steerable.actors._stores.lease import Lease, Owner
 from steerable.actors.testing import Gate, ScriptedAgent, call, plan, wait_event
 from steerable.protocol import (
     AskUser,
@@ -47,6 +48,11 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Checkpoint
     )
     yield made
     made.close()
+
+
+@tool(side_effect="write", requires_approval=True)
+def charge(items: list[int]) -> int:
+    return sum(items)
 
 
 def record(seq: int, kind: EventKind = EventKind.STATE_CHANGED, **data: Any) -> EventRecord:
@@ -131,6 +137,106 @@ def test_an_event_msgpack_cannot_carry_is_left_out_and_the_rest_of_its_batch_is_
     assert [e.seq for e in store.events("r")] == [0, 2]
 
 
+class History:
+    """A closed stream's last events, as `EventLog` hands them over (`EventHistory`)."""
+
+    def __init__(self, records: list[EventRecord]) -> None:
+        self._records = records
+        self.first = records[0][0]
+        self.last = records[-1][0]
+        self.read = 0
+
+    def __len__(self) -> int:
+        return self.last - self.first + 1
+
+    def records(self) -> list[EventRecord]:
+        self.read += 1
+        return list(self._records)
+
+
+def test_a_history_reads_as_appended_events_and_counts_toward_the_retention(
+    store: CheckpointStore,
+) -> None:
+    stored_run(store, "r")
+    store.append_events("r", "t" * 32, [record(0), record(1)])
+    history = History([record(2, step=2), record(3, EventKind.RUN_ENDED, state="finished")])
+    store.append_history("r", "t" * 32, history)
+    assert [(e.seq, e.kind, e.data) for e in store.events("r")] == [
+        (0, EventKind.STATE_CHANGED, {}),
+        (1, EventKind.STATE_CHANGED, {}),
+        (2, EventKind.STATE_CHANGED, {"step": 2}),
+        (3, EventKind.RUN_ENDED, {"state": "finished"}),
+    ]
+    assert [e.seq for e in store.events("r", start=3)] == [3]
+    assert store.next_event_seq("r") == 4
+    store.event_retention = 3
+    store.append_events("r", "t" * 32, [record(4)])
+    assert [e.seq for e in store.events("r")] == [2, 3, 4]  # trimmed by events, a history's too
+    store.append_history("r", "t" * 32, History([record(3, step=30), record(4, step=40)]))
+    assert [(e.seq, e.data) for e in store.events("r")] == [
+        (2, {"step": 2}),
+        (3, {"step": 30}),
+        (4, {"step": 40}),
+    ]  # a history that does not follow the stored tail replaces it, as a batch would
+
+
+def test_the_memory_store_keeps_a_history_without_reading_it() -> None:
+    # Nothing is copied or packed when a run's end hands its log over (docs/performance.md,
+    # "Wave 4: session 18"): the records are read when someone reads the events.
+    store = MemoryStore()
+    stored_run(store, "r")
+    history = History([record(0), record(1)])
+    store.append_history("r", "t" * 32, history)
+    assert history.read == 0
+    assert [e.seq for e in store.events("r")] == [0, 1]
+    assert history.read == 1
+
+
+def test_a_logs_last_hand_over_is_kept_and_reads_json_like_whether_closed_or_not() -> None:
+    store = MemoryStore()
+    stored_run(store, "r")
+    log = EventLog("t" * 32)
+    log.store_to(store, "r")
+    log.append("r", EventKind.STATE_CHANGED, None, 1.0, {"to": "running"})
+    log.append("r", EventKind.TOOL_STARTED, Phase.EXECUTE, 2.0, {"arguments": {"xs": (1, 2)}})
+    log.store_pending(final=True)  # as a run's end does, just before its log closes
+    (segment,) = store._events["r"]._segments
+    assert not isinstance(segment[1], bytes)
+    expected = [(0, {"to": "running"}), (1, {"arguments": {"xs": [1, 2]}})]
+    assert [(e.seq, e.data) for e in store.events("r")] == expected  # not closed yet
+    log.close()
+    assert [(e.seq, e.data) for e in store.events("r")] == expected  # compacted on this read
+    assert log._compacted
+    log.append("r", EventKind.ERROR, None, 3.0, {"late": True})  # after the hand-over
+    assert [(e.seq, e.data) for e in store.events("r")] == expected
+
+
+def test_a_log_with_live_only_events_hands_over_a_filtered_copy() -> None:
+    store = MemoryStore()
+    stored_run(store, "r")
+    log = EventLog("t" * 32)
+    log.store_to(store, "r")
+    log.append("r", EventKind.MODEL_DELTA, Phase.REASON, 1.0, {"live": True, "text": "he"})
+    log.append("r", EventKind.RUN_ENDED, None, 2.0, {"state": "finished"})
+    log.store_pending(final=True)
+    (segment,) = store._events["r"]._segments
+    assert isinstance(segment[1], bytes)  # packed as a batch: the delta is not kept
+    assert [e.kind for e in store.events("r")] == [EventKind.RUN_ENDED]
+
+
+def test_a_fenced_out_store_object_keeps_no_history() -> None:
+    store = MemoryStore()
+    fenced: list[str] = []
+    store.add_fence_listener(fenced.append)
+    stored_run(store, "r")
+    lease = store.claim("r", Owner.new(), 30.0)
+    # Another runtime took the run over: the stored lease is its, a later epoch.
+    store._leases.leases["r"] = Lease("r", Owner.new(), lease.epoch + 1, lease.expires_at, "")
+    store.append_history("r", "t" * 32, History([record(0)]))
+    assert fenced == ["r"]
+    assert store.events("r") == []
+
+
 def test_a_fenced_out_store_object_stores_no_event(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     first, second = SqliteStore(path), SqliteStore(path)
@@ -198,6 +304,26 @@ def test_a_finished_runs_events_replay_from_the_store_without_live_only_ones(
 
         sse = asyncio.run(frames())
         assert [f.split("\n")[0] for f in sse] == [f"id: {e.seq}" for e in stored]
+
+
+def test_a_finished_runs_stored_event_data_is_json_like_before_and_after_compaction(
+    store: CheckpointStore,
+) -> None:
+    # An approval's arguments hold a frozen list (a tuple inside): every store returns it as
+    # JSON carries it, the MemoryStore both before its run's log is compacted and after.
+    agent = ScriptedAgent([plan(call("charge", items=[1, 2])), Finish(output="done")])
+    with Runtime(tools=[charge], store=store) as rt:
+        handle = rt.start("t", agent=agent)
+        wait_event(handle, EventKind.APPROVAL_REQUESTED)
+        handle.approve(handle.pending_approvals()[0].call_id)
+        assert handle.result(WAIT).state is RunState.FINISHED
+        first = [(e.seq, e.kind, e.data) for e in store.events(handle.run_id)]
+        asked = [d for _, kind, d in first if kind is EventKind.APPROVAL_REQUESTED]
+        assert asked[0]["arguments"] == {"items": [1, 2]}
+        assert type(asked[0]["arguments"]["items"]) is list
+        again = ScriptedAgent([Finish(output="again")])
+        assert rt.start("t", agent=again).result(WAIT).state is RunState.FINISHED
+        assert [(e.seq, e.kind, e.data) for e in store.events(handle.run_id)] == first
 
 
 def test_a_resumed_runs_seqs_continue_and_its_whole_stream_replays(tmp_path: Path) -> None:

@@ -171,8 +171,9 @@ class RunCell:
         self.revision = outcome.revision
         if self.future.done():
             return
-        # The store has the run's last events (run_ended) before anyone learns the outcome.
-        self.events.store_pending()
+        # The store has the run's last events (run_ended) before anyone learns the outcome;
+        # a run that owns its log closes it below, so the store may keep the log's own.
+        self.events.store_pending(final=self.owns_events)
         self.future.set_result(outcome)
         if self.awaited:
             hand_over()  # the host learns the outcome now, not after this run's teardown

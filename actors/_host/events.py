@@ -10,7 +10,9 @@ when the next log closes is compacted: the data dicts the collector still tracks
 holding a list or a dict, e.g. a plan's steps) are packed into one msgpack array, decoded
 again for a late reader, so a finished run whose handle is held keeps nothing of its history
 for full collections to walk (docs/performance.md, "GC-tracked objects"). A log whose handle
-is dropped when its run ends, as most are, is freed before that and never packed.
+is dropped when its run ends, as most are, is freed before that and never packed, unless its
+store keeps it: a run's last hand-over to the store (`store_pending(final=True)`) lets the
+store keep the log's own history (`MemoryStore`, `CheckpointStore.append_history`).
 
 Sync readers wait on a condition; async readers await a `concurrent.futures.Future` through
 `asyncio.wrap_future`, so no event loop is ever blocked (docs/pykka.md T10). History is kept up
@@ -27,7 +29,7 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from gc import is_tracked as gc_is_tracked
-from itertools import islice
+from itertools import compress, islice
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -49,6 +51,8 @@ _SLOTS = 6
 _RUN_ENDED = EventKind.RUN_ENDED.value
 _MODEL_DELTA = EventKind.MODEL_DELTA.value
 _CUSTOM = EventKind.CUSTOM.value
+_MODEL_DELTA_KIND = EventKind.MODEL_DELTA
+_CUSTOM_KIND = EventKind.CUSTOM
 
 
 def _pack_history(cols: deque[Any]) -> bytes | None:
@@ -59,13 +63,16 @@ def _pack_history(cols: deque[Any]) -> bytes | None:
     not one per dict: making a packer costs more than packing a small dict (issue 14's budget).
     """
     slots = list(cols)
-    where = [i for i in range(_SLOTS - 1, len(slots), _SLOTS) if gc_is_tracked(slots[i])]
+    # The data slots' indexes whose dict is tracked, found without a Python step per event
+    # (a long run's history is compacted in one go).
+    datas = islice(slots, _SLOTS - 1, None, _SLOTS)
+    where = list(compress(range(_SLOTS - 1, len(slots), _SLOTS), map(gc_is_tracked, datas)))
     if not where:  # a dict of atomic values is not tracked: it stays as it is
         return None
     try:
         # No `default`: what msgpack does not carry as itself keeps its dict, so a reader gets
         # what was appended (as JSON encodes it, lists for tuples).
-        blob: bytes | None = packb([slots[i] for i in where])
+        blob: bytes | None = packb(list(map(slots.__getitem__, where)))
     except (TypeError, ValueError, OverflowError):
         blob = None
     if blob is None:
@@ -134,6 +141,7 @@ class EventLog:
         "_store",
         "_store_lock",
         "_stored_as",
+        "_unstorable",
         "_unstored",
         "_waiters",
         "trace_id",
@@ -165,6 +173,7 @@ class EventLog:
         self._store: CheckpointStore | None = None
         self._stored_as = ""
         self._unstored = 0  # the first seq not yet handed to the store
+        self._unstorable = False  # a model delta or a custom event was appended (`storable`)
         self._store_lock = threading.Lock()
 
     def store_to(self, store: CheckpointStore, run_id: str, first_seq: int = 0) -> None:
@@ -196,25 +205,36 @@ class EventLog:
         """Whether the log hands its events to a store."""
         return self._store is not None
 
-    def store_pending(self) -> None:
+    def store_pending(self, *, final: bool = False) -> None:
         """Hand the storable events appended since the last call to the store, in one batch.
 
         Called at the end of each supervisor step and before a run's outcome is published;
-        cheap when nothing is new (one attribute comparison).
+        cheap when nothing is new (one attribute comparison). `final`: the log closes next
+        (its run tree is terminal), so the store may keep what it is handed as this log holds
+        it (`CheckpointStore.append_history`) instead of a copy.
         """
         store = self._store
         if store is None or self._unstored == self._next:
             return
         with self._store_lock:  # batches reach the store in seq order
             with self._lock:
-                batch = [
-                    record
-                    for record in self._records(self._unstored)
-                    if (kind := record[1]) != _MODEL_DELTA
-                    and (kind != _CUSTOM or not record[4].get("live", True))
-                ]  # what `storable` keeps, without a call per event
-                self._unstored = self._next
-            if batch:
+                if final and not self._unstorable:
+                    first = max(self._unstored, self._next - len(self._cols) // _SLOTS)
+                    history = _History(self, first, self._next - 1)
+                    self._unstored = self._next
+                else:
+                    history = None
+                    batch = [
+                        record
+                        for record in self._records(self._unstored)
+                        if (kind := record[1]) != _MODEL_DELTA
+                        and (kind != _CUSTOM or not record[4].get("live", True))
+                    ]  # what `storable` keeps, without a call per event
+                    self._unstored = self._next
+            if history is not None:
+                if len(history):
+                    store.append_history(self._stored_as, self.trace_id, history)
+            elif batch:
                 store.append_events(self._stored_as, self.trace_id, batch)
 
     def _records(self, start: int) -> list[_Raw]:
@@ -270,6 +290,8 @@ class EventLog:
             seq = self._next
             self._next = seq + 1
             cols = self._cols
+            if kind is _MODEL_DELTA_KIND or kind is _CUSTOM_KIND:
+                self._unstorable = True  # the run's end hands over a filtered copy
             if len(cols) == cols.maxlen:
                 self._dropped += 1
             # A temporary tuple: made and freed at once, it leaves the collector's count as it was.
@@ -421,6 +443,50 @@ class EventLog:
     def to_event(self, raw: _Raw) -> RunEvent:
         """Build the public event of one raw record (no validation pass: `build_event`)."""
         return build_event(self.trace_id, raw)
+
+
+def _as_stored(data: dict[str, Any]) -> dict[str, Any]:
+    """An event's data as a store returns it: a dict the collector tracks (it may hold
+    tuples) through msgpack, as compaction packs it; atomic values are their own form."""
+    if not gc_is_tracked(data):
+        return data
+    try:
+        stored: dict[str, Any] = _unpack(packb(data))
+    except (TypeError, ValueError, OverflowError):
+        return data
+    return stored
+
+
+class _History:
+    """Events `first`..`last` of a log, as its store keeps them after the last hand-over
+    (`EventHistory`): read from the log itself, which the run's end closed."""
+
+    __slots__ = ("_log", "first", "last")
+
+    def __init__(self, log: EventLog, first: int, last: int) -> None:
+        self._log = log
+        self.first = first
+        self.last = last
+
+    def __len__(self) -> int:
+        return max(0, self.last - self.first + 1)
+
+    def records(self) -> list[_Raw]:
+        # Compacted first (once; the next log's close would do it anyway): its tracked data
+        # then read back packed, as a store returns them (lists for tuples).
+        log = self._log
+        log.compact()
+        with log._lock:
+            rows = log._records(self.first)
+            compacted = log._compacted
+        if rows and rows[-1][0] > self.last:  # appended after the hand-over: not the store's
+            rows = [row for row in rows if row[0] <= self.last]
+        if not compacted:  # read before the log closed (its outcome is being published)
+            rows = [(*row[:4], _as_stored(row[4]), *row[5:]) for row in rows]
+        return rows
+
+    def __repr__(self) -> str:
+        return f"<_History {self.first}..{self.last} of {self._log.trace_id}>"
 
 
 class EventStream:

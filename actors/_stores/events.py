@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from operator import lt
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 from pydantic_core import to_jsonable_python
@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_EVENT_RETENTION",
     "EVENTS_WAKE",
     "EVENT_DELAY",
+    "EventHistory",
     "EventRecord",
     "EventWindow",
     "MemoryEvents",
@@ -40,6 +41,32 @@ __all__ = [
 EventRecord = tuple[int, str, "str | None", float, dict[str, Any], str, "str | None"]
 """One event as an event log holds it: (seq, kind, phase, at, data, run_id, parent_run_id),
 the kind and phase as their string values (an `EventKind`/`Phase` member is one too)."""
+
+
+class EventHistory(Protocol):
+    """A closed run stream's last events, handed to its store once (`append_history`).
+
+    The records never change: a store may keep the history itself instead of a copy.
+    """
+
+    @property
+    def first(self) -> int:
+        """The seq of its first event."""
+        ...
+
+    @property
+    def last(self) -> int:
+        """The seq of its last event."""
+        ...
+
+    def __len__(self) -> int:
+        """How many events it holds (`last - first + 1`: every one is storable)."""
+        ...
+
+    def records(self) -> list[EventRecord]:
+        """Its events, oldest first, their data as a store returns it (JSON-like: lists)."""
+        ...
+
 
 _KINDS: dict[str, EventKind] = {k.value: k for k in EventKind}
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
@@ -95,8 +122,9 @@ class MemoryEvents:
     read back as lists), not as record tuples: a long-lived process that keeps thousands of
     runs' events holds a few bytes objects per run, which the garbage collector never walks,
     instead of a tracked tuple and nested dicts per event (docs/performance.md, "Wave 4:
-    events"). Decoded only when read. Not thread-safe by itself: `MemoryStore` calls it under
-    its lock.
+    events"). Decoded only when read. A closed stream's last hand-over is kept as the history
+    its log holds (`keep`): no copy, and nothing the collector walks once that log is
+    compacted. Not thread-safe by itself: `MemoryStore` calls it under its lock.
     """
 
     __slots__ = ("_count", "_last", "_segments", "_skip", "trace_id")
@@ -104,9 +132,10 @@ class MemoryEvents:
     def __init__(self, trace_id: str, retention: int) -> None:
         del retention  # applied at each add (a store's retention may change between adds)
         self.trace_id = trace_id
-        # (events, blob) per batch, oldest first; the first `_skip` events of the first
-        # segment are past the retention and never read.
-        self._segments: deque[tuple[int, bytes]] = deque()
+        # (events, blob) per batch, oldest first, or (events, history) for a closed stream
+        # kept as its log holds it; the first `_skip` events of the first segment are past the
+        # retention and never read.
+        self._segments: deque[tuple[int, bytes | EventHistory]] = deque()
         self._count = 0  # events in the segments, skipped ones included
         self._skip = 0
         self._last = -1  # the highest stored seq
@@ -131,6 +160,26 @@ class MemoryEvents:
             self._last = rows[-1][0]
         self._trim(max(1, retention))
 
+    def keep(self, history: EventHistory, retention: int) -> None:
+        """Keep a closed stream's `history` itself: nothing is copied or packed.
+
+        The last hand-over of a run that ended (its `RunCell.settle`), on the thread that
+        publishes its outcome: packing every event of a long run there cost ~0.6 µs an event,
+        ~6% of a W1 iteration (docs/performance.md, "Wave 4: session 18"). Its log keeps the
+        records compact for the collector once the next run's log closes (`EventLog.compact`).
+        A history that does not follow the stored tail is merged as `add` merges.
+        """
+        count = len(history)
+        if not count:
+            return
+        if history.first <= self._last:
+            self.add(history.records(), retention)
+            return
+        self._segments.append((count, history))
+        self._count += count
+        self._last = history.last
+        self._trim(max(1, retention))
+
     def _merged(self, rows: list[EventRecord]) -> list[EventRecord]:
         # A seq written again (a fenced-out writer never gets here): the stored tail from it
         # on is replaced, as a single list of records would have it.
@@ -151,8 +200,8 @@ class MemoryEvents:
 
     def _rows(self) -> list[EventRecord]:
         out: list[EventRecord] = []
-        for _, blob in self._segments:
-            out.extend(tuple(row) for row in msgpack.unpackb(blob))
+        for _, segment in self._segments:
+            out.extend(tuple(row) for row in _segment_rows(segment))
         return out[self._skip :]
 
     def read(self, start: int, limit: int | None) -> list[RunEvent]:
@@ -160,8 +209,8 @@ class MemoryEvents:
         out: list[RunEvent] = []
         skip = self._skip
         trace_id = self.trace_id
-        for _, blob in self._segments:
-            rows = msgpack.unpackb(blob)
+        for _, segment in self._segments:
+            rows = _segment_rows(segment)
             for row in rows[skip:]:
                 if row[0] < start:
                     continue
@@ -174,6 +223,15 @@ class MemoryEvents:
     def next_seq(self) -> int:
         """One more than the highest stored seq (0: none)."""
         return self._last + 1 if self._segments else 0
+
+
+def _segment_rows(segment: bytes | EventHistory) -> list[Any]:
+    """A segment's rows: a blob's decoded (lists), a kept history's records (tuples)."""
+    if type(segment) is bytes:
+        rows: list[Any] = msgpack.unpackb(segment)
+        return rows
+    assert not isinstance(segment, bytes)
+    return segment.records()
 
 
 def _packed(trace_id: str, rows: list[EventRecord]) -> tuple[bytes, list[EventRecord]]:

@@ -34,7 +34,7 @@ from steerable.protocol._codec import check_storable, decode_body
 from steerable.protocol._shape import first_shape_error
 from steerable.protocol._stored import STATIC_KEYS, dynamic_part
 
-from .events import DEFAULT_EVENT_RETENTION, EventRecord
+from .events import DEFAULT_EVENT_RETENTION, EventHistory, EventRecord
 from .lease import FenceListeners, Lease, Owner
 
 __all__ = [
@@ -319,6 +319,16 @@ class CheckpointStore(ABC):
         Idempotent per (run_id, seq). Fenced like `journal`: refused once this store object
         lost the run's lease. `on_failed(error)` if a writer gives the write up (quick).
         """
+
+    def append_history(self, run_id: str, trace_id: str, history: EventHistory) -> None:
+        """Store the last events of run `run_id`'s stream, which is closed: nothing follows.
+
+        As `append_events(run_id, trace_id, history.records())` (this default); a store may
+        keep `history` itself instead, since its records never change (`MemoryStore`).
+        """
+        records = history.records()
+        if records:
+            self.append_events(run_id, trace_id, records)
 
     def events(self, run_id: str, start: int = 0, limit: int | None = None) -> list[RunEvent]:
         """The stored events of run `run_id`'s stream with seq >= `start`, oldest first.
