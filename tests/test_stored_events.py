@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from steerable.actors import CheckpointStore, MemoryStore, Runtime, SqliteStore, tool
-from steerable.actors._host.events import EventLog
+from steerable.actors._host.events import EventLog, _History
 from steerable.actors._stores.events import EventRecord
 from steerable.actors._stores.lease import Lease, Owner
 from steerable.actors.testing import Gate, ScriptedAgent, call, plan, wait_event
@@ -192,7 +192,7 @@ def test_the_memory_store_keeps_a_history_without_reading_it() -> None:
     assert history.read == 1
 
 
-def test_a_logs_last_hand_over_is_kept_and_reads_json_like_whether_closed_or_not() -> None:
+def test_a_logs_last_hand_over_is_kept_and_reads_json_like_before_and_after_it_closes() -> None:
     store = MemoryStore()
     stored_run(store, "r")
     log = EventLog("t" * 32)
@@ -203,12 +203,26 @@ def test_a_logs_last_hand_over_is_kept_and_reads_json_like_whether_closed_or_not
     (segment,) = store._events["r"]._segments
     assert not isinstance(segment[1], bytes)
     expected = [(0, {"to": "running"}), (1, {"arguments": {"xs": [1, 2]}})]
+    assert log._compacted  # its tracked data packed as it was handed over
     assert [(e.seq, e.data) for e in store.events("r")] == expected  # not closed yet
     log.close()
-    assert [(e.seq, e.data) for e in store.events("r")] == expected  # compacted on this read
-    assert log._compacted
+    assert [(e.seq, e.data) for e in store.events("r")] == expected
     log.append("r", EventKind.ERROR, None, 3.0, {"late": True})  # after the hand-over
     assert [(e.seq, e.data) for e in store.events("r")] == expected
+
+
+def test_a_history_read_from_a_log_not_compacted_is_json_like_too() -> None:
+    # What `append_history`'s default copies for a store that keeps no history.
+    log = EventLog("t" * 32)
+    log.append("r", EventKind.TOOL_STARTED, Phase.EXECUTE, 2.0, {"arguments": {"xs": (1, 2)}})
+    log.append("r", EventKind.STATE_CHANGED, None, 3.0, {"to": "running"})
+    history = _History(log, 0, 1)
+    assert not log._compacted
+    assert [(r[0], r[4]) for r in history.records()] == [
+        (0, {"arguments": {"xs": [1, 2]}}),
+        (1, {"to": "running"}),
+    ]
+    assert len(history) == 2
 
 
 def test_a_log_with_live_only_events_hands_over_a_filtered_copy() -> None:

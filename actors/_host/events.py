@@ -133,6 +133,7 @@ class EventLog:
         "_cond",
         "_dropped",
         "_feed",
+        "_kept",
         "_lock",
         "_next",
         "_observed",
@@ -174,6 +175,7 @@ class EventLog:
         self._stored_as = ""
         self._unstored = 0  # the first seq not yet handed to the store
         self._unstorable = False  # a model delta or a custom event was appended (`storable`)
+        self._kept = False  # its store keeps this log's own history, compacted (`append_history`)
         self._store_lock = threading.Lock()
 
     def store_to(self, store: CheckpointStore, run_id: str, first_seq: int = 0) -> None:
@@ -210,18 +212,24 @@ class EventLog:
 
         Called at the end of each supervisor step and before a run's outcome is published;
         cheap when nothing is new (one attribute comparison). `final`: the log closes next
-        (its run tree is terminal), so the store may keep what it is handed as this log holds
-        it (`CheckpointStore.append_history`) instead of a copy.
+        (its run tree is terminal), so a store that keeps histories (`keeps_history`) gets
+        this log's own, compacted (`CheckpointStore.append_history`), instead of a copy.
         """
         store = self._store
         if store is None or self._unstored == self._next:
             return
         with self._store_lock:  # batches reach the store in seq order
             with self._lock:
-                if final and not self._unstorable:
+                if final and store.keeps_history and not self._unstorable:
                     first = max(self._unstored, self._next - len(self._cols) // _SLOTS)
                     history = _History(self, first, self._next - 1)
                     self._unstored = self._next
+                    if not self._compacted:
+                        # Packed now, inside the run's own time: done later, after the
+                        # outcome, it would be charged to whatever the host does next.
+                        self._packed = _pack_history(self._cols)
+                        self._compacted = True
+                    self._kept = True
                 else:
                     history = None
                     batch = [
@@ -369,7 +377,8 @@ class EventLog:
             # Compacting is deferred by one close: a run whose handle is dropped at once (most
             # are) is freed before it, so its history is never packed for nothing.
             _compact_closed()
-            _closed_logs.append(weakref.ref(self))
+            if not self._kept:  # a log its store keeps was compacted as it was handed over
+                _closed_logs.append(weakref.ref(self))
 
     def compact(self) -> None:
         """Pack a closed log's collector-tracked data (see the module docstring); once.
@@ -472,16 +481,15 @@ class _History:
         return max(0, self.last - self.first + 1)
 
     def records(self) -> list[_Raw]:
-        # Compacted first (once; the next log's close would do it anyway): its tracked data
-        # then read back packed, as a store returns them (lists for tuples).
+        # A log its store keeps was compacted as it was handed over: its tracked data read
+        # back packed, as a store returns them (lists for tuples).
         log = self._log
-        log.compact()
         with log._lock:
             rows = log._records(self.first)
             compacted = log._compacted
         if rows and rows[-1][0] > self.last:  # appended after the hand-over: not the store's
             rows = [row for row in rows if row[0] <= self.last]
-        if not compacted:  # read before the log closed (its outcome is being published)
+        if not compacted:  # a store that keeps no history read it (`append_history`'s default)
             rows = [(*row[:4], _as_stored(row[4]), *row[5:]) for row in rows]
         return rows
 

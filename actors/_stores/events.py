@@ -123,8 +123,8 @@ class MemoryEvents:
     runs' events holds a few bytes objects per run, which the garbage collector never walks,
     instead of a tracked tuple and nested dicts per event (docs/performance.md, "Wave 4:
     events"). Decoded only when read. A closed stream's last hand-over is kept as the history
-    its log holds (`keep`): no copy, and nothing the collector walks once that log is
-    compacted. Not thread-safe by itself: `MemoryStore` calls it under its lock.
+    its log holds (`keep`): no copy, and nothing the collector walks (the log packed its
+    tracked data first). Not thread-safe by itself: `MemoryStore` calls it under its lock.
     """
 
     __slots__ = ("_count", "_last", "_segments", "_skip", "trace_id")
@@ -165,8 +165,8 @@ class MemoryEvents:
 
         The last hand-over of a run that ended (its `RunCell.settle`), on the thread that
         publishes its outcome: packing every event of a long run there cost ~0.6 µs an event,
-        ~6% of a W1 iteration (docs/performance.md, "Wave 4: session 18"). Its log keeps the
-        records compact for the collector once the next run's log closes (`EventLog.compact`).
+        ~6% of a W1 iteration (docs/performance.md, "Wave 4: session 18"). Its log packed
+        the data the collector would walk before handing it over (`EventLog.store_pending`).
         A history that does not follow the stored tail is merged as `add` merges.
         """
         count = len(history)

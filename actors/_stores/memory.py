@@ -136,6 +136,7 @@ class MemoryStore(CheckpointStore):
     durable = False
     fences = True
     stores_events = True
+    keeps_history = True
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -320,6 +320,10 @@ class CheckpointStore(ABC):
         lost the run's lease. `on_failed(error)` if a writer gives the write up (quick).
         """
 
+    keeps_history: bool = False
+    """Whether `append_history` keeps the history itself rather than a copy (its log then
+    packs what the collector would walk before handing it over)."""
+
     def append_history(self, run_id: str, trace_id: str, history: EventHistory) -> None:
         """Store the last events of run `run_id`'s stream, which is closed: nothing follows.
 
