@@ -144,9 +144,9 @@ def _counting_packs(monkeypatch: Any) -> list[int]:
     packed: list[int] = []
     real = events._pack_history
 
-    def counting(cols: Any) -> bytes | None:
+    def counting(cols: Any, tail: int = 0) -> bytes | None:
         packed.append(len(cols))
-        return real(cols)
+        return real(cols, tail)
 
     monkeypatch.setattr(events, "_pack_history", counting)
     return packed

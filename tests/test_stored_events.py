@@ -211,6 +211,37 @@ def test_a_logs_last_hand_over_is_kept_and_reads_json_like_before_and_after_it_c
     assert [(e.seq, e.data) for e in store.events("r")] == expected
 
 
+def test_a_reader_that_follows_a_kept_log_reads_its_tail_without_the_whole_array(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A live reader (an SSE stream of the run) reads the run's last events after the hand-over
+    # packed the log: those are packed one by one, so it never decodes the whole history.
+    from steerable.actors._host import events
+
+    store = MemoryStore()
+    stored_run(store, "r")
+    log = EventLog("t" * 32)
+    log.store_to(store, "r")
+    for i in range(200):
+        log.append("r", EventKind.TOOL_STARTED, Phase.EXECUTE, float(i), {"xs": [i]})
+    log.store_pending(final=True)
+    decoded: list[int] = []
+    real = events._unpack
+
+    def counting(data: bytes) -> Any:
+        decoded.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(events, "_unpack", counting)
+    assert log._packed is not None
+    tail = [raw[4] for raw in log._records(190)]
+    assert tail == [{"xs": [i]} for i in range(190, 200)]
+    assert len(log._packed) not in decoded  # only the tail's own small blobs
+    assert len(decoded) == 10
+    assert [raw[4] for raw in log._records(0)] == [{"xs": [i]} for i in range(200)]
+    assert len(log._packed) in decoded  # a replay from the start decodes the array once
+
+
 def test_a_history_read_from_a_log_not_compacted_is_json_like_too() -> None:
     # What `append_history`'s default copies for a store that keeps no history.
     log = EventLog("t" * 32)

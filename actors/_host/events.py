@@ -26,6 +26,7 @@ import asyncio
 import concurrent.futures
 import threading
 import weakref
+from bisect import bisect_left
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from gc import is_tracked as gc_is_tracked
@@ -55,12 +56,14 @@ _MODEL_DELTA_KIND = EventKind.MODEL_DELTA
 _CUSTOM_KIND = EventKind.CUSTOM
 
 
-def _pack_history(cols: deque[Any]) -> bytes | None:
+def _pack_history(cols: deque[Any], tail: int = 0) -> bytes | None:
     """Pack the data dicts the collector tracks (a closed log's) into one msgpack array.
 
     Each one's slot gets its index in the array (an int, which the collector does not track);
     returns the array's bytes, or None when no dict is tracked. One `packb` for the history,
     not one per dict: making a packer costs more than packing a small dict (issue 14's budget).
+    The last `tail` events' dicts are packed one by one instead (bytes in their slots): a
+    reader that follows the run live reads them without decoding the whole array.
     """
     slots = list(cols)
     # The data slots' indexes whose dict is tracked, found without a Python step per event
@@ -69,24 +72,31 @@ def _pack_history(cols: deque[Any]) -> bytes | None:
     where = list(compress(range(_SLOTS - 1, len(slots), _SLOTS), map(gc_is_tracked, datas)))
     if not where:  # a dict of atomic values is not tracked: it stays as it is
         return None
-    try:
-        # No `default`: what msgpack does not carry as itself keeps its dict, so a reader gets
-        # what was appended (as JSON encodes it, lists for tuples).
-        blob: bytes | None = packb(list(map(slots.__getitem__, where)))
-    except (TypeError, ValueError, OverflowError):
-        blob = None
-    if blob is None:
-        for i in where:  # one dict msgpack cannot carry: pack the others one by one
-            try:
-                slots[i] = packb(slots[i])
-            except (TypeError, ValueError, OverflowError):
-                continue
-    else:
-        for index, i in enumerate(where):
-            slots[i] = index
+    cut = bisect_left(where, len(slots) - tail * _SLOTS)
+    where, alone = where[:cut], where[cut:]
+    blob: bytes | None = None
+    if where:
+        try:
+            # No `default`: what msgpack does not carry as itself keeps its dict, so a reader
+            # gets what was appended (as JSON encodes it, lists for tuples).
+            blob = packb(list(map(slots.__getitem__, where)))
+        except (TypeError, ValueError, OverflowError):
+            alone = where + alone  # one dict msgpack cannot carry: pack the others one by one
+            where = []
+    for index, i in enumerate(where):
+        slots[i] = index
+    for i in alone:
+        try:
+            slots[i] = packb(slots[i])
+        except (TypeError, ValueError, OverflowError):
+            continue
     cols.clear()
     cols.extend(slots)
     return blob
+
+
+_LIVE_TAIL = 64
+"""Events at the end of a log handed to its store whose data is packed one by one."""
 
 
 _closed_logs: deque[weakref.ref[EventLog]] = deque()
@@ -227,7 +237,7 @@ class EventLog:
                     if not self._compacted:
                         # Packed now, inside the run's own time: done later, after the
                         # outcome, it would be charged to whatever the host does next.
-                        self._packed = _pack_history(self._cols)
+                        self._packed = _pack_history(self._cols, _LIVE_TAIL)
                         self._compacted = True
                     self._kept = True
                 else:
