@@ -14,7 +14,7 @@ from ._engine.pool import ToolWorker
 from ._engine.rayexec import RayExecutor
 from ._host.agent import Agent
 from ._host.childrun import ChildRun
-from ._host.events import EventStream
+from ._host.event_stream import EventStream
 from ._host.handle import RunHandle
 from ._host.runtime import Runtime, RunTree
 from ._host.supervisor import RunSupervisor

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from steerable.actors import Agent, MemoryStore, Runtime, SqliteStore, ToolContext, tool
-from steerable.actors._host.events import SSE_KEEPALIVE, sse_frame
+from steerable.actors._host.event_stream import SSE_KEEPALIVE, sse_frame
 from steerable.actors.testing import ScriptedAgent, call, plan
 from steerable.protocol import (
     AskUser,

@@ -21,7 +21,7 @@ from steerable.protocol import (
 )
 
 from .directory import RunDirectory
-from .events import EventStream
+from .event_stream import EventStream
 from .handle import RunHandle
 from .offload import HostIO
 from .ownership import RunOwnership

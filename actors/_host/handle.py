@@ -20,7 +20,7 @@ from steerable.protocol import (
 )
 from steerable.protocol.codec import check_storable
 
-from .events import EventStream
+from .event_stream import EventStream
 from .offload import async_form, await_future
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from steerable.protocol import (
     SteeringMode,
 )
 
-from .events import EventStream
+from .event_stream import EventStream
 from .handle import RunHandle
 from .leases import LeaseKeeper
 from .messages import LeaseLost, LeaseRenewed

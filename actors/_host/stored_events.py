@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 from steerable.protocol import EventKind, RunEvent
 
-from .events import EventStream, sse_frames
+from .event_stream import EventStream, sse_frames
 
 __all__ = ["ChangeSignal", "PrefixedStream", "StoredEventStream"]
 
