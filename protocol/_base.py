@@ -6,7 +6,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Record", "built_record"]
+__all__ = ["Record", "built_record", "slot_twin"]
 
 
 class Record(BaseModel):
@@ -46,3 +46,17 @@ def built_record(cls: type[_R], state: dict[str, Any], fields_set: set[str]) -> 
     _set_extra(record, None)
     _set_private(record, None)
     return record
+
+
+def slot_twin(cls: type) -> type:
+    """A plain class with `cls`'s slots (in order) and nothing else, for building a `cls` fast.
+
+    For a frozen slotted class built where its values are already valid: fill a twin with plain
+    attribute stores, then make it a `cls` with one `__class__` assignment, which CPython allows
+    only between classes of the same layout (it checks, and raises TypeError otherwise). A
+    frozen dataclass's own `__init__` sets each field with `object.__setattr__`, and a slot
+    descriptor's bound `__set__` is a tuple-building call too: the twin's stores are several
+    times cheaper (docs/performance.md, "Wave 4: session 19").
+    """
+    slots = vars(cls)["__slots__"]
+    return type(f"_{cls.__name__}Twin", (object,), {"__slots__": slots})

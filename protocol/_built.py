@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._base import built_record
+from ._base import built_record, slot_twin
 from ._decisions import AskUser, Finish, Plan, PlanStep, ToolCall, Usage
 from ._errors import AgentError
 from ._frozen import freeze
@@ -121,43 +121,24 @@ def built_tool_result(
     )
 
 
-# `RunView` and `Budgets` are frozen slotted dataclasses: their generated __init__ sets each
-# field with `object.__setattr__` (a global and an attribute lookup per field). The builders
-# below call each slot's own descriptor instead: a third of the time for the 15 fields a view
-# has, once per model call (actors/_machine/reasoning.py). tests/test_built.py checks they
-# equal the constructed ones.
-(
-    _v_run_id,
-    _v_task,
-    _v_transcript,
-    _v_delivered,
-    _v_usage,
-    _v_model_calls,
-    _v_steps,
-    _v_budgets,
-    _v_depth,
-    _v_parent_run_id,
-    _v_session_id,
-    _v_task_id,
-    _v_tools,
-    _v_subagents,
-    _v_call,
-) = (vars(RunView)[name].__set__ for name in RunView.__dataclass_fields__)
-_b_steps_left, _b_model_calls_left, _b_tokens_left, _b_seconds_left = (
-    vars(Budgets)[name].__set__ for name in Budgets.__dataclass_fields__
-)
+# `RunView` and `Budgets` are frozen slotted dataclasses, built once per model call
+# (actors/_machine/reasoning.py) through a twin of each (`slot_twin`). tests/test_built.py
+# checks they equal the constructed ones.
+_ViewTwin = slot_twin(RunView)
+_BudgetsTwin = slot_twin(Budgets)
 
 
 def built_budgets(
     steps_left: int, model_calls_left: int, tokens_left: int | None, seconds_left: float | None
 ) -> Budgets:
     """`Budgets(steps_left, model_calls_left, tokens_left, seconds_left)`."""
-    budgets = _new(Budgets)
-    _b_steps_left(budgets, steps_left)
-    _b_model_calls_left(budgets, model_calls_left)
-    _b_tokens_left(budgets, tokens_left)
-    _b_seconds_left(budgets, seconds_left)
-    return budgets
+    budgets: Any = _new(_BudgetsTwin)
+    budgets.steps_left = steps_left
+    budgets.model_calls_left = model_calls_left
+    budgets.tokens_left = tokens_left
+    budgets.seconds_left = seconds_left
+    budgets.__class__ = Budgets
+    return budgets  # type: ignore[no-any-return]
 
 
 def built_view(
@@ -177,20 +158,21 @@ def built_view(
     subagents: tuple[str, ...],
 ) -> RunView:
     """`RunView(...)` with every field but `call` (None: the runtime sets it) given in order."""
-    view = _new(RunView)
-    _v_run_id(view, run_id)
-    _v_task(view, task)
-    _v_transcript(view, transcript)
-    _v_delivered(view, delivered)
-    _v_usage(view, usage)
-    _v_model_calls(view, model_calls)
-    _v_steps(view, steps)
-    _v_budgets(view, budgets)
-    _v_depth(view, depth)
-    _v_parent_run_id(view, parent_run_id)
-    _v_session_id(view, session_id)
-    _v_task_id(view, task_id)
-    _v_tools(view, tools)
-    _v_subagents(view, subagents)
-    _v_call(view, None)
-    return view
+    view: Any = _new(_ViewTwin)
+    view.run_id = run_id
+    view.task = task
+    view.transcript = transcript
+    view.delivered = delivered
+    view.usage = usage
+    view.model_calls = model_calls
+    view.steps = steps
+    view.budgets = budgets
+    view.depth = depth
+    view.parent_run_id = parent_run_id
+    view.session_id = session_id
+    view.task_id = task_id
+    view.tools = tools
+    view.subagents = subagents
+    view.call = None
+    view.__class__ = RunView
+    return view  # type: ignore[no-any-return]

@@ -30,7 +30,7 @@ from steerable.protocol import (
     ToolResult,
     TranscriptEntry,
 )
-from steerable.protocol._codec import check_storable, decode_body
+from steerable.protocol._codec import MAX_VALUE_BYTES, check_storable, decode_body
 from steerable.protocol._shape import first_shape_error
 from steerable.protocol._stored import STATIC_KEYS, dynamic_part
 
@@ -68,7 +68,10 @@ def check_record(record: HostMessage | ToolResult | SubagentResult) -> None:
         TypeError, ValueError: As `steerable.protocol.codec.check_storable`.
     """
     if isinstance(record, ToolResult):
-        check_storable(record.value, what=f"the result of {record.tool!r}")
+        value = record.value
+        if type(value) is str and len(value) <= MAX_VALUE_BYTES and value.isascii():
+            return  # the common result, short text: storable (its message is not built)
+        check_storable(value, what=f"the result of {record.tool!r}")
     elif isinstance(record, SubagentResult):
         check_storable(record.output, what=f"the output of subagent {record.agent!r}")
     else:

@@ -8,8 +8,9 @@ from typing import Any, cast
 
 from steerable.actors._engine.cancel import CancelScope
 from steerable.actors._engine.log import Logger, get_logger
+from steerable.protocol._base import slot_twin
 
-__all__ = ["ToolContext"]
+__all__ = ["ToolContext", "tool_context"]
 
 
 class ToolContext:
@@ -165,3 +166,38 @@ class ToolContext:
             f"<ToolContext tool={self.tool!r} call_id={self.call_id!r} attempt={self.attempt} "
             f"cancelled={self.cancelled}>"
         )
+
+
+_ContextTwin = slot_twin(ToolContext)
+_new = object.__new__
+
+
+def tool_context(
+    run_id: str,
+    trace_id: str,
+    call_id: str,
+    tool: str,
+    idempotency_key: str,
+    attempt: int,
+    deadline: float | None,
+    scope: CancelScope,
+    now: Callable[[], float],
+    emit: Callable[[str, dict[str, Any], bool], None] | None,
+) -> ToolContext:
+    """`ToolContext(...)` for the runtime's own calls (`attempt` >= 1), once per attempt:
+    filled in through its twin (`slot_twin`), where `__init__` makes eleven
+    `object.__setattr__` calls past the class's refusing `__setattr__`."""
+    ctx: Any = _new(_ContextTwin)
+    ctx.run_id = run_id
+    ctx.trace_id = trace_id
+    ctx.call_id = call_id
+    ctx.tool = tool
+    ctx.idempotency_key = idempotency_key
+    ctx.attempt = attempt
+    ctx.deadline = deadline
+    ctx.scope = scope
+    ctx._now = now
+    ctx._log = None
+    ctx._emit = emit
+    ctx.__class__ = ToolContext
+    return ctx  # type: ignore[no-any-return]
