@@ -37,6 +37,12 @@ from .jobs import HookJob
 from .messages import Stored, StoreFailed
 from .supervisor_work import SupervisorWork
 
+# Enum members this module reads on every step, as module constants: on Python 3.11 an
+# access such as `Stage.IDLE` goes through the enum metaclass's `__getattr__` hook
+# (~85 ns more than a global; docs/performance.md, "Wave 4: session 19").
+_KIND_CHECKPOINT = EventKind.CHECKPOINT
+_SIDE_NONE = SideEffect.NONE
+
 __all__ = ["InlineCommit", "SupervisorEnding"]
 
 
@@ -237,7 +243,7 @@ class SupervisorEnding(SupervisorWork):
         store = self.services.store
         store.journal(self.cell.run_id, result, on_failed=on_failed)
         tool = self.tools.get(result.tool) if isinstance(result, ToolResult) else None
-        if tool is None or tool.spec.side_effect is not SideEffect.NONE:
+        if tool is None or tool.spec.side_effect is not _SIDE_NONE:
             # What a write (or a child run) did is stored at once, not at the next checkpoint
             # or the writer's next poll (a store that queued it lazily, decision 0004): after
             # a crash, it is not done again.
@@ -300,10 +306,10 @@ class SupervisorEnding(SupervisorWork):
         data = {"revision": revision}
         pending = self._step_events
         if pending is not None:  # stamped `updated_at`, which is this step's `_wall`
-            pending.append((EventKind.CHECKPOINT, None, data))
+            pending.append((_KIND_CHECKPOINT, None, data))
         else:
             cell.events.append(
-                cell.run_id, EventKind.CHECKPOINT, None, snapshot["updated_at"], data,
+                cell.run_id, _KIND_CHECKPOINT, None, snapshot["updated_at"], data,
                 cell.parent_run_id,
             )  # fmt: skip
 

@@ -22,12 +22,18 @@ from steerable.actors._engine.inline import tell_now
 from steerable.actors._engine.timer import TimerHandle
 from steerable.actors._machine.effects import CallJob, ChildJob, TimerKind
 from steerable.actors._machine.machine import MODEL_KEY, RunMachine
-from steerable.actors._tools.tool import Tool, ToolContext
+from steerable.actors._tools.context import tool_context
+from steerable.actors._tools.tool import Tool
 from steerable.protocol import AgentError, ErrorCode, EventKind, Phase, RunView, SideEffect
 
 from .jobs import Accept, DecideJob, ToolDone, ToolJob
 from .live import LiveEvent, ModelCallContext
 from .messages import ALARM
+
+# Enum members this module reads on every step, as module constants: on Python 3.11 an
+# access such as `Stage.IDLE` goes through the enum metaclass's `__getattr__` hook
+# (~85 ns more than a global; docs/performance.md, "Wave 4: session 19").
+_SIDE_NONE = SideEffect.NONE
 
 if TYPE_CHECKING:
     from .cell import RunCell
@@ -135,7 +141,7 @@ class SupervisorWork:
         checkpoint knows. Side-effect-free calls start at once.
         """
         tool = self.tools[job.tool]
-        if tool.spec.side_effect is not SideEffect.NONE and self._stored < self.cell.revision:
+        if tool.spec.side_effect is not _SIDE_NONE and self._stored < self.cell.revision:
             self._held.append((self.cell.revision, job))
             return
         self._start_call(tool, job)
@@ -160,18 +166,18 @@ class SupervisorWork:
             cell.lease_wait = True
             services.host.poke_leases()
             return
-        scope = self.cell.scope.child(job.deadline)
-        ctx = ToolContext(
-            run_id=self.cell.run_id,
-            trace_id=self.cell.trace_id,
-            call_id=job.call_id,
-            tool=job.tool,
-            idempotency_key=job.idempotency_key,
-            attempt=job.attempt,
-            deadline=job.deadline,
-            scope=scope,
-            now=services.clock.now,
-            emit=_ToolEmit(self.actor_ref, job.call_id),
+        scope = cell.scope.child(job.deadline)
+        ctx = tool_context(
+            cell.run_id,
+            cell.trace_id,
+            job.call_id,
+            job.tool,
+            job.idempotency_key,
+            job.attempt,
+            job.deadline,
+            scope,
+            services.clock.now,
+            _ToolEmit(self.actor_ref, job.call_id),
         )
         tool_job = ToolJob(tool, job.arguments, ctx, self.actor_ref)
         work = _Work(tool_job, scope, job.attempt)

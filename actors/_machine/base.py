@@ -21,6 +21,8 @@ from steerable.protocol import (
     ToolSpec,
 )
 
+from .members import STATUS_AWAITING_APPROVAL, STATUS_PENDING
+
 __all__ = [
     "MODEL_KEY",
     "PLAN_KEY",
@@ -99,7 +101,7 @@ class Call:
         self.spec = spec
         self.needs_approval = spec is not None and spec.requires_approval
         if status is None:
-            status = CallStatus.AWAITING_APPROVAL if self.needs_approval else CallStatus.PENDING
+            status = STATUS_AWAITING_APPROVAL if self.needs_approval else STATUS_PENDING
         self.status = status
         self.attempt = attempt
         self.result = result

@@ -17,10 +17,8 @@ from steerable.protocol import (
     CallStatus,
     ErrorCode,
     EventKind,
-    Phase,
     Plan,
     RunOutcome,
-    RunState,
     SideEffect,
     SubagentResult,
     ToolResult,
@@ -41,10 +39,27 @@ from .base import (
 )
 from .children import cancelled_child, child_job, child_result, reserve
 from .effects import TimerKind, call_job
+from .members import (
+    KIND_EXECUTE_FINISHED,
+    KIND_EXECUTE_STARTED,
+    KIND_PLANNING_FINISHED,
+    KIND_PLANNING_STARTED,
+    KIND_TOOL_FINISHED,
+    KIND_TOOL_STARTED,
+    PHASE_EXECUTE,
+    PHASE_PLAN,
+    STAGE_CANCELLING,
+    STAGE_DONE,
+    STAGE_EXECUTING,
+    STAGE_IDLE,
+    STATE_WAITING,
+    STATUS_RUNNING,
+    TIMER_TOOL_RETRY,
+    TIMER_TOOL_TIMEOUT,
+)
 from .parts import EXECUTE, Meter
 from .plan import PlanState
 from .planning import child_run_id, plan_calls, recorded_plan
-from .stage import Stage
 
 if TYPE_CHECKING:
     from .machine import RunMachine
@@ -108,15 +123,15 @@ class Execution:
         """A worker finished attempt `attempt` of call `call_id` (value, or error)."""
         call = self._plan.find(call_id)
         if (
-            self._machine.stage is Stage.DONE
+            self._machine.stage is STAGE_DONE
             or call is None
-            or call.status is not CallStatus.RUNNING
+            or call.status is not STATUS_RUNNING
             or call.attempt != attempt
             or call.retry_pending  # this attempt already ended (timed out or failed)
         ):
             self._meter.count("late_results_dropped")
             return
-        self._fx.unschedule(TimerKind.TOOL_TIMEOUT, call_id)
+        self._fx.unschedule(TIMER_TOOL_TIMEOUT, call_id)
         reason = call.cancel_reason or self._machine.cancel_reason
         if error is None and reason is not None:
             # It saw the interrupt or cancel and returned: still cancelled (docs/steering.md).
@@ -131,10 +146,10 @@ class Execution:
         """A child run reached its terminal state: its result enters the parent (R7)."""
         call = self._plan.find(call_id)
         if (
-            self._machine.stage is Stage.DONE
+            self._machine.stage is STAGE_DONE
             or call is None
             or call.kind != "subagent"
-            or call.status is not CallStatus.RUNNING
+            or call.status is not STATUS_RUNNING
         ):
             self._meter.count("late_results_dropped")
             return
@@ -153,7 +168,7 @@ class Execution:
 
     def plan(self, model_call: int, plan: Plan, now: float) -> None:
         m = self._machine
-        self._fx.emit(EventKind.PLANNING_STARTED, Phase.PLAN, {"steps": len(plan.steps)})
+        self._fx.emit(KIND_PLANNING_STARTED, PHASE_PLAN, {"steps": len(plan.steps)})
         cfg = self._config
         meter = self._meter
         planned = plan_calls(
@@ -173,7 +188,7 @@ class Execution:
             if result is not None:  # resolved at once: an unknown tool, bad arguments ...
                 if isinstance(result, ToolResult):
                     meter.count("tool_errors")
-                m.record_result(result, Phase.PLAN)
+                m.record_result(result, PHASE_PLAN)
                 self._fx.journal(result)
         # Built without a validation pass (protocol/_built.py): the plan is the agent's
         # validated decision as `recorded_plan` rebuilt it.
@@ -202,17 +217,17 @@ class Execution:
         self._plan.install(calls)
         approvals = self._plan.pending_approvals()
         self._fx.emit(
-            EventKind.PLANNING_FINISHED,
-            Phase.PLAN,
+            KIND_PLANNING_FINISHED,
+            PHASE_PLAN,
             {"calls": [c.call_id for c in calls], "approvals": len(approvals)},
         )
         m.checkpoint()
-        m.enter(Stage.EXECUTING)
+        m.enter(STAGE_EXECUTING)
         self._exec_started = now
-        self._fx.emit(EventKind.EXECUTE_STARTED, Phase.EXECUTE, {"calls": len(calls)})
+        self._fx.emit(KIND_EXECUTE_STARTED, PHASE_EXECUTE, {"calls": len(calls)})
         for call in approvals:
             self._fx.emit(
-                EventKind.APPROVAL_REQUESTED, Phase.EXECUTE, events.approval_requested(call)
+                EventKind.APPROVAL_REQUESTED, PHASE_EXECUTE, events.approval_requested(call)
             )
         if approvals:
             m.wait(WaitingFor.APPROVAL, approvals=len(approvals))
@@ -222,19 +237,19 @@ class Execution:
         """An interrupting message: the plan's calls stop (R19); the plan completes."""
         m = self._machine
         plan = self._plan
-        if m.stage is not Stage.EXECUTING or plan.interrupting:
+        if m.stage is not STAGE_EXECUTING or plan.interrupting:
             return
         plan.interrupt()
         for call in plan.calls:
             unstarted = call.status in (CallStatus.PENDING, CallStatus.AWAITING_APPROVAL)
             if unstarted or call.retry_pending:
                 self.complete(call, None, cancelled("interrupt", call), now, advance=False)
-            elif call.status is CallStatus.RUNNING:
+            elif call.status is STATUS_RUNNING:
                 plan.stop(call, "interrupt")
                 self._fx.cancel_work(call.call_id, "interrupt")
         if plan.running:
             self._fx.schedule(TimerKind.GRACE, PLAN_KEY, 0, now + self._config.cancel_grace)
-        if m.state is RunState.WAITING and not plan.pending_approvals():
+        if m.state is STATE_WAITING and not plan.pending_approvals():
             m.stop_waiting()  # the approvals it waited for were cancelled with the plan
         self.after_call(now)
 
@@ -245,7 +260,7 @@ class Execution:
             return
         self._fx.emit(
             EventKind.APPROVAL_SETTLED,
-            Phase.EXECUTE,
+            PHASE_EXECUTE,
             {"call_id": call.call_id, "approved": msg.approved, "reason": msg.reason},
         )
         if msg.approved:
@@ -259,7 +274,7 @@ class Execution:
                 reason=msg.reason,
             )
             self.complete(call, None, error, now, advance=False)
-        if not self._plan.pending_approvals() and m.state is RunState.WAITING:
+        if not self._plan.pending_approvals() and m.state is STATE_WAITING:
             m.stop_waiting()
         self.after_call(now)
 
@@ -268,10 +283,10 @@ class Execution:
         m = self._machine
         if m.holding:
             return  # a resume is still applying stored messages; it moves on after them
-        if m.stage is Stage.CANCELLING:
+        if m.stage is STAGE_CANCELLING:
             m.maybe_finish_cancel(now)
             return
-        if m.stage is not Stage.EXECUTING:
+        if m.stage is not STAGE_EXECUTING:
             return
         plan = self._plan
         if not plan.interrupting and m.cancel_reason is None:
@@ -293,7 +308,7 @@ class Execution:
             return
         if plan.all_done:
             self._plan_complete(now)
-        elif m.state is RunState.WAITING:
+        elif m.state is STATE_WAITING:
             # Only approvals are left: a safe boundary where the run waits for a person.
             m.park()
 
@@ -307,9 +322,9 @@ class Execution:
         deadline = now + timeout
         if m.deadline is not None:
             deadline = min(deadline, m.deadline)  # R14: never past the run's remaining time
-        self._fx.schedule(TimerKind.TOOL_TIMEOUT, call.call_id, attempt, deadline)
+        self._fx.schedule(TIMER_TOOL_TIMEOUT, call.call_id, attempt, deadline)
         if attempt == 1:
-            self._fx.emit(EventKind.TOOL_STARTED, Phase.EXECUTE, events.tool_started(call))
+            self._fx.emit(KIND_TOOL_STARTED, PHASE_EXECUTE, events.tool_started(call))
         self._fx.dispatch(
             call_job(call.call_id, call.name, call.arguments, call.key, attempt, deadline)
         )
@@ -319,7 +334,7 @@ class Execution:
         child = child_run_id(m.run_id, call.call_id)
         self._plan.name_child(call, child)
         self._fx.emit(
-            EventKind.SUBAGENT_STARTED, Phase.EXECUTE, events.subagent_started(call, child)
+            EventKind.SUBAGENT_STARTED, PHASE_EXECUTE, events.subagent_started(call, child)
         )
         self._fx.start_child(child_job(call, m.run_id, m.depth, m.deadline, now))
 
@@ -341,12 +356,12 @@ class Execution:
         self._meter.count("retries")
         m.record(
             call_error(call.call_id, call.name, error, retried=True, attempt=call.attempt),
-            Phase.EXECUTE,
+            PHASE_EXECUTE,
             call_id=call.call_id,
             retried=True,
         )
-        self._fx.emit(EventKind.TOOL_RETRY, Phase.EXECUTE, events.tool_retry(call, at - now, error))
-        self._fx.schedule(TimerKind.TOOL_RETRY, call.call_id, call.attempt + 1, at)
+        self._fx.emit(EventKind.TOOL_RETRY, PHASE_EXECUTE, events.tool_retry(call, at - now, error))
+        self._fx.schedule(TIMER_TOOL_RETRY, call.call_id, call.attempt + 1, at)
         self._plan.wait_for_retry(call)
         return True
 
@@ -380,10 +395,10 @@ class Execution:
             now - first if first else 0.0,
         )
         previous = self._plan.finish(call, result)
-        if previous is CallStatus.RUNNING:
+        if previous is STATUS_RUNNING:
             if not timers_done:
-                self._fx.unschedule(TimerKind.TOOL_TIMEOUT, call.call_id)
-                self._fx.unschedule(TimerKind.TOOL_RETRY, call.call_id)
+                self._fx.unschedule(TIMER_TOOL_TIMEOUT, call.call_id)
+                self._fx.unschedule(TIMER_TOOL_RETRY, call.call_id)
         elif (
             previous is CallStatus.AWAITING_APPROVAL
             and error is not None
@@ -391,14 +406,14 @@ class Execution:
         ):
             self._fx.emit(
                 EventKind.APPROVAL_SETTLED,
-                Phase.EXECUTE,
+                PHASE_EXECUTE,
                 {"call_id": call.call_id, "approved": False, "reason": error.message},
             )
         if error is not None:
             self._meter.count("tool_errors")
-            m.record_result(result, Phase.EXECUTE)
+            m.record_result(result, PHASE_EXECUTE)
         self._fx.journal(result)
-        self._fx.emit(EventKind.TOOL_FINISHED, Phase.EXECUTE, events.tool_finished(call, result))
+        self._fx.emit(KIND_TOOL_FINISHED, PHASE_EXECUTE, events.tool_finished(call, result))
         if advance:
             self.after_call(now)
 
@@ -407,10 +422,10 @@ class Execution:
     ) -> None:
         m = self._machine
         self._plan.finish(call, result)
-        m.record_result(result, Phase.EXECUTE)
+        m.record_result(result, PHASE_EXECUTE)
         self._fx.journal(result)
         self._fx.emit(
-            EventKind.SUBAGENT_FINISHED, Phase.EXECUTE, events.subagent_finished(call, result)
+            EventKind.SUBAGENT_FINISHED, PHASE_EXECUTE, events.subagent_finished(call, result)
         )
         if advance:
             self.after_call(now)
@@ -419,7 +434,7 @@ class Execution:
         call = self._plan.find(call_id)
         if (
             call is None
-            or call.status is not CallStatus.RUNNING
+            or call.status is not STATUS_RUNNING
             or call.attempt != attempt
             or call.retry_pending
         ):
@@ -442,13 +457,13 @@ class Execution:
                 m.add_entry(call.result)
         self._meter.add_phase(EXECUTE, now - self._exec_started)
         self._fx.emit(
-            EventKind.EXECUTE_FINISHED,
-            Phase.EXECUTE,
+            KIND_EXECUTE_FINISHED,
+            PHASE_EXECUTE,
             {"calls": len(plan.calls), "interrupted": plan.interrupting},
         )
         plan.clear()
-        m.enter(Stage.IDLE)
-        if m.state is RunState.WAITING:
+        m.enter(STAGE_IDLE)
+        if m.state is STATE_WAITING:
             m.stop_waiting()
         m.boundary(now)
 
@@ -459,15 +474,15 @@ class Execution:
         for call in self._plan.calls:
             if call.retry_pending:
                 self.complete(call, None, cancelled(reason, call), now, advance=False)
-            elif call.status is CallStatus.RUNNING:
+            elif call.status is STATUS_RUNNING:
                 self._fx.cancel_work(call.call_id, reason)
 
     def interrupt_grace(self, now: float) -> None:
         """The interrupt's grace period ended: calls still running are abandoned (or killed)."""
-        if not self._plan.interrupting or self._machine.stage is not Stage.EXECUTING:
+        if not self._plan.interrupting or self._machine.stage is not STAGE_EXECUTING:
             return
         for call in self._plan.running_calls():
-            self._fx.unschedule(TimerKind.TOOL_TIMEOUT, call.call_id)
+            self._fx.unschedule(TIMER_TOOL_TIMEOUT, call.call_id)
             was_killed = bool(self._fx.abandon_work(call.call_id))
             error = cancelled("interrupt", call, abandoned=True, killed=was_killed)
             self.complete(call, None, error, now, advance=False)
@@ -499,8 +514,8 @@ class Execution:
     def unschedule_running(self) -> None:
         """The run ends: the timers of running calls go."""
         for call in self._plan.running_calls():
-            self._fx.unschedule(TimerKind.TOOL_TIMEOUT, call.call_id)
-            self._fx.unschedule(TimerKind.TOOL_RETRY, call.call_id)
+            self._fx.unschedule(TIMER_TOOL_TIMEOUT, call.call_id)
+            self._fx.unschedule(TIMER_TOOL_RETRY, call.call_id)
 
     # ------------------------------------------------------------------ restore
 
@@ -515,7 +530,7 @@ class Execution:
 
     def resume(self, now: float, *, announce: bool) -> None:
         """Re-enter a restored plan: decide what happens to each call without a result."""
-        self._machine.enter(Stage.EXECUTING)
+        self._machine.enter(STAGE_EXECUTING)
         self._exec_started = now
         for call in self._plan.calls:
             self._settle_restored(call, now, announce=announce)
@@ -524,7 +539,7 @@ class Execution:
         if call.status is CallStatus.AWAITING_APPROVAL:
             if announce:
                 self._fx.emit(
-                    EventKind.APPROVAL_REQUESTED, Phase.EXECUTE, events.approval_requested(call)
+                    EventKind.APPROVAL_REQUESTED, PHASE_EXECUTE, events.approval_requested(call)
                 )
             return
         resumed = self._machine.revision >= 0  # a fork (no revision yet) starts afresh
@@ -540,7 +555,7 @@ class Execution:
             # Its checkpoint was stored, so it may have started before the process stopped:
             # the runtime cannot tell, and never guesses (R15).
             self._plan.assume_running(call)
-        if call.status is not CallStatus.RUNNING:
+        if call.status is not STATUS_RUNNING:
             return
         if call.kind == "subagent" or (spec is not None and spec.redispatch_safe):
             # The same child id (resumed, not started twice), or re-dispatched with the same

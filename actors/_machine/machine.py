@@ -51,6 +51,7 @@ from . import events
 from .base import MODEL_KEY, PLAN_KEY, RUN_KEY, Call, ToolLike, named_error
 from .effects import Effects, TimerKind
 from .execute import Execution
+from .members import KIND_REASONING_FINISHED, PHASE_REASON, STATE_WAITING
 from .parts import Inbox, Meter
 from .persist import Persistence
 from .preview import decision_preview
@@ -167,11 +168,10 @@ class RunMachine:
     def parked(self) -> bool:
         """Waiting for a person with nothing in flight, and checkpointed as such.
 
-        A parked run can be passivated: its supervisor stops and its next message wakes it
-        from the checkpoint (docs/requirements.md "Passivation").
-        """
+        A parked run can be passivated: its supervisor stops, its next message wakes it from
+        the checkpoint (docs/requirements.md "Passivation")."""
         return (
-            self.state is RunState.WAITING
+            self.state is STATE_WAITING
             and not self.in_flight
             and self._persist.parked_revision == self._persist.revision
         )
@@ -260,8 +260,8 @@ class RunMachine:
             self.transcript.append(built_decision_entry(model_call, decision))
         self._inbox.seen()  # the agent has decided with them
         self.fx.emit(
-            EventKind.REASONING_FINISHED,
-            Phase.REASON,
+            KIND_REASONING_FINISHED,
+            PHASE_REASON,
             {
                 "model_call": model_call,
                 **decision_preview(decision, self.tools),
@@ -457,7 +457,7 @@ class RunMachine:
     def wait(self, reason: WaitingFor, **data: Any) -> None:
         """The run waits for a person."""
         self.waiting_for = reason
-        self.set_state(RunState.WAITING, **data)
+        self.set_state(STATE_WAITING, **data)
 
     def stop_waiting(self) -> None:
         """Nothing is waited for any more: the run runs."""

@@ -15,7 +15,6 @@ from steerable.protocol import (
     ErrorCode,
     EventKind,
     Finish,
-    Phase,
     Plan,
     RunState,
     ToolSpec,
@@ -26,6 +25,14 @@ from steerable.protocol._view import RunView, Transcript
 
 from .base import MODEL_KEY, jitter_unit
 from .effects import TimerKind
+from .members import (
+    KIND_REASONING_STARTED,
+    PHASE_REASON,
+    STAGE_CANCELLING,
+    STAGE_DONE,
+    STAGE_REASONING,
+    TIMER_MODEL_TIMEOUT,
+)
 from .parts import REASON, Meter
 from .stage import Stage
 
@@ -87,14 +94,14 @@ class Reasoning:
         """Start the next model call (at a safe boundary)."""
         m = self._machine
         model_call = self._meter.next_model_call()
-        m.enter(Stage.REASONING)
+        m.enter(STAGE_REASONING)
         self.busy = True
         self.started = now
         deadline = now + self._model_timeout
         if m.deadline is not None:
             deadline = min(deadline, m.deadline)
-        m.fx.emit(EventKind.REASONING_STARTED, Phase.REASON, {"model_call": model_call})
-        m.fx.schedule(TimerKind.MODEL_TIMEOUT, MODEL_KEY, model_call, deadline)
+        m.fx.emit(KIND_REASONING_STARTED, PHASE_REASON, {"model_call": model_call})
+        m.fx.schedule(TIMER_MODEL_TIMEOUT, MODEL_KEY, model_call, deadline)
         m.fx.decide(model_call, self.view(delivered, now), deadline)
 
     def view(self, delivered: tuple[UserMessage, ...] = (), now: float | None = None) -> RunView:
@@ -122,7 +129,7 @@ class Reasoning:
             Transcript(m.transcript),
             delivered,
             usage,
-            model_calls - 1 if m.stage is Stage.REASONING else model_calls,
+            model_calls - 1 if m.stage is STAGE_REASONING else model_calls,
             meter.steps,
             built_budgets(
                 self._max_steps - meter.steps,  # steps_left
@@ -149,15 +156,15 @@ class Reasoning:
         """The agent's `decide` returned or raised; True if there is a decision to act on."""
         m = self._machine
         meter = self._meter
-        if m.stage is Stage.DONE or not self.busy or model_call != meter.model_calls:
+        if m.stage is STAGE_DONE or not self.busy or model_call != meter.model_calls:
             meter.count("late_results_dropped")
             return False
         self.busy = False
-        m.fx.unschedule(TimerKind.MODEL_TIMEOUT, MODEL_KEY)
+        m.fx.unschedule(TIMER_MODEL_TIMEOUT, MODEL_KEY)
         meter.add_phase(REASON, elapsed)
         if decision is not None:
             meter.add_usage(decision.usage)
-        if m.stage is Stage.CANCELLING:
+        if m.stage is STAGE_CANCELLING:
             m.maybe_finish_cancel(now)
             return False
         if self.discarded:
@@ -174,7 +181,7 @@ class Reasoning:
         err = error or AgentError.of(ErrorCode.INTERNAL_ERROR, "decide returned nothing")
         m.fx.emit(
             EventKind.REASONING_FINISHED,
-            Phase.REASON,
+            PHASE_REASON,
             {"model_call": model_call, "error": err.code.value},
         )
         # A retryable model-side failure (a provider's 429 or 5xx, a decide raising
@@ -207,7 +214,7 @@ class Reasoning:
         m.fx.cancel_work(MODEL_KEY, "timeout")
         m.fx.abandon_work(MODEL_KEY)
         self._meter.add_phase(REASON, now - self.started)
-        if m.stage is Stage.CANCELLING:
+        if m.stage is STAGE_CANCELLING:
             self.discarded = False
             m.maybe_finish_cancel(now)  # a cancel is final: no retry, no new model call
             return
@@ -244,7 +251,7 @@ class Reasoning:
         details = {**error.details, "retried": True, "retry": retry}
         m.record(  # R6; its event says when the retry comes
             error.model_copy(update={"details": details}),
-            Phase.REASON,
+            PHASE_REASON,
             event={"code": error.code.value, "retry": retry, "delay": at - now},
         )
         m.fx.schedule(TimerKind.MODEL_RETRY, MODEL_KEY, retry, at)
