@@ -17,7 +17,7 @@ from typing import Any, Final, get_args
 
 import msgpack
 from pydantic import BaseModel, TypeAdapter, ValidationError
-from pydantic_core import to_jsonable_python
+from pydantic_core import SchemaSerializer, to_jsonable_python
 
 from ._capabilities import AgentSpec, CapabilitySnapshot, ToolSpec
 from ._checkpoint import Checkpoint, Compatibility, ForkOrigin, PlannedCall, RunSnapshot
@@ -124,6 +124,18 @@ _MIGRATIONS: dict[int, Callable[[str, Any], Any]] = {}
 # -- encoding ------------------------------------------------------------------------------------
 
 
+_SERIALIZERS: dict[type[BaseModel], SchemaSerializer] = {}
+
+
+def _serializer_of(cls: type[BaseModel]) -> SchemaSerializer:
+    """`cls.__pydantic_serializer__`, looked up once per class: a class attribute read goes
+    through pydantic's metaclass `__getattr__` hook (~0.2 µs), a dict lookup does not."""
+    serializer = _SERIALIZERS.get(cls)
+    if serializer is None:
+        serializer = _SERIALIZERS[cls] = cls.__pydantic_serializer__
+    return serializer
+
+
 def encode(record: BaseModel, *, kind: str | None = None) -> bytes:
     """Encode a protocol record as one envelope.
 
@@ -141,7 +153,7 @@ def encode(record: BaseModel, *, kind: str | None = None) -> bytes:
             `MAX_MESSAGE_BYTES`.
     """
     kind = _kind_for(record, kind)
-    serializer = type(record).__pydantic_serializer__
+    serializer = _serializer_of(type(record))
     try:
         data = _pack(kind, serializer.to_python(record, mode="json"))
         if _MASK in data:
@@ -234,7 +246,7 @@ def _msgpack_default(value: Any) -> Any:
 def _plain_with_secret_refs(record: BaseModel) -> Any:
     # Python mode keeps secrets as Secret objects (JSON mode masks them); refs replace them
     # before the JSON-mode conversion of everything else.
-    python = type(record).__pydantic_serializer__.to_python(record)
+    python = _serializer_of(type(record)).to_python(record)
     return to_jsonable_python(_redact(python), inf_nan_mode="constants")
 
 

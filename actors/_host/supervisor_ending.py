@@ -37,12 +37,6 @@ from .jobs import HookJob
 from .messages import Stored, StoreFailed
 from .supervisor_work import SupervisorWork
 
-# Enum members this module reads on every step, as module constants: on Python 3.11 an
-# access such as `Stage.IDLE` goes through the enum metaclass's `__getattr__` hook
-# (~85 ns more than a global; docs/performance.md, "Wave 4: session 19").
-_KIND_CHECKPOINT = EventKind.CHECKPOINT
-_SIDE_NONE = SideEffect.NONE
-
 __all__ = ["InlineCommit", "SupervisorEnding"]
 
 
@@ -58,9 +52,14 @@ class InlineCommit:
         self.revision = -1
 
 
+# Enum members read per step as module constants: on Python 3.11 a read such as
+# `EventKind.CHECKPOINT` goes through the enum metaclass's `__getattr__` hook
+# (actors/_machine/members.py).
 _RUN_ENDED = EventKind.RUN_ENDED
 _APPROVAL_REQUESTED = EventKind.APPROVAL_REQUESTED
 _APPROVAL_SETTLED = EventKind.APPROVAL_SETTLED
+_CHECKPOINT = EventKind.CHECKPOINT
+_NO_SIDE_EFFECT = SideEffect.NONE
 
 
 class SupervisorEnding(SupervisorWork):
@@ -193,7 +192,7 @@ class SupervisorEnding(SupervisorWork):
     def _emit(self, kind: EventKind, phase: Phase | None, data: dict[str, Any]) -> None:
         self._flush_events()  # hooks, approvals and the outcome see every earlier event
         cell = self.cell
-        if kind is EventKind.APPROVAL_REQUESTED:
+        if kind is _APPROVAL_REQUESTED:
             cell.approval_requested(
                 ApprovalRequest(
                     call_id=data["call_id"],
@@ -202,7 +201,7 @@ class SupervisorEnding(SupervisorWork):
                     run_id=cell.run_id,
                 )
             )
-        elif kind is EventKind.APPROVAL_SETTLED:
+        elif kind is _APPROVAL_SETTLED:
             cell.approval_settled(data["call_id"])
         at = self._wall
         seq = cell.events.append(cell.run_id, kind, phase, at, data, cell.parent_run_id)
@@ -243,7 +242,7 @@ class SupervisorEnding(SupervisorWork):
         store = self.services.store
         store.journal(self.cell.run_id, result, on_failed=on_failed)
         tool = self.tools.get(result.tool) if isinstance(result, ToolResult) else None
-        if tool is None or tool.spec.side_effect is not _SIDE_NONE:
+        if tool is None or tool.spec.side_effect is not _NO_SIDE_EFFECT:
             # What a write (or a child run) did is stored at once, not at the next checkpoint
             # or the writer's next poll (a store that queued it lazily, decision 0004): after
             # a crash, it is not done again.
@@ -306,10 +305,10 @@ class SupervisorEnding(SupervisorWork):
         data = {"revision": revision}
         pending = self._step_events
         if pending is not None:  # stamped `updated_at`, which is this step's `_wall`
-            pending.append((_KIND_CHECKPOINT, None, data))
+            pending.append((_CHECKPOINT, None, data))
         else:
             cell.events.append(
-                cell.run_id, _KIND_CHECKPOINT, None, snapshot["updated_at"], data,
+                cell.run_id, _CHECKPOINT, None, snapshot["updated_at"], data,
                 cell.parent_run_id,
             )  # fmt: skip
 

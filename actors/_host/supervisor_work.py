@@ -30,10 +30,9 @@ from .jobs import Accept, DecideJob, ToolDone, ToolJob
 from .live import LiveEvent, ModelCallContext
 from .messages import ALARM
 
-# Enum members this module reads on every step, as module constants: on Python 3.11 an
-# access such as `Stage.IDLE` goes through the enum metaclass's `__getattr__` hook
-# (~85 ns more than a global; docs/performance.md, "Wave 4: session 19").
-_SIDE_NONE = SideEffect.NONE
+# Read per call: on Python 3.11 `SideEffect.NONE` is a metaclass `__getattr__` dispatch
+# (actors/_machine/members.py).
+_NO_SIDE_EFFECT = SideEffect.NONE
 
 if TYPE_CHECKING:
     from .cell import RunCell
@@ -141,7 +140,7 @@ class SupervisorWork:
         checkpoint knows. Side-effect-free calls start at once.
         """
         tool = self.tools[job.tool]
-        if tool.spec.side_effect is not _SIDE_NONE and self._stored < self.cell.revision:
+        if tool.spec.side_effect is not _NO_SIDE_EFFECT and self._stored < self.cell.revision:
             self._held.append((self.cell.revision, job))
             return
         self._start_call(tool, job)

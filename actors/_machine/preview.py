@@ -99,7 +99,9 @@ def decision_preview(
     # Dispatched on the `kind` discriminator (one string compare, not an isinstance chain):
     # this runs once per decision on the supervisor's thread (issue 14's budget).
     kind = decision.kind
-    thought = getattr(decision, "thought", None)
+    # Only a Plan has a thought; `getattr` with a default would cost a Finish pydantic's
+    # `__getattr__` and an AttributeError.
+    thought = decision.thought if kind == "plan" else None  # type: ignore[union-attr]
     out: dict[str, Any] = (
         {"decision": kind, "thought": preview(thought)} if thought else {"decision": kind}
     )

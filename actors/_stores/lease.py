@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from steerable.protocol import AgentError, ErrorCode, SteerableError
+from steerable.protocol._base import slot_twin
 
 __all__ = [
     "FenceListeners",
@@ -74,6 +75,23 @@ class Lease:
     epoch: int
     expires_at: float
     agent: str = ""
+
+
+_LeaseTwin = slot_twin(Lease)
+_new = object.__new__
+
+
+def _lease(run_id: str, owner: Owner, epoch: int, expires_at: float, agent: str) -> Lease:
+    """`Lease(...)` through its twin (`slot_twin`): a table makes two or three a run, where the
+    frozen dataclass's `__init__` makes five `object.__setattr__` calls."""
+    lease: Any = _new(_LeaseTwin)
+    lease.run_id = run_id
+    lease.owner = owner
+    lease.epoch = epoch
+    lease.expires_at = expires_at
+    lease.agent = agent
+    lease.__class__ = Lease
+    return lease  # type: ignore[no-any-return]
 
 
 _HOST = socket.gethostname()
@@ -186,7 +204,7 @@ class LeaseTable:
             and old.expires_at > now
         ):
             raise run_owned(run_id, old.owner, old.expires_at - now)
-        lease = Lease(
+        lease = _lease(
             run_id,
             owner,
             (old.epoch if old else 0) + 1,
@@ -206,11 +224,11 @@ class LeaseTable:
         lease = self.leases.get(run_id)
         if lease is None:
             if epoch == 1:  # a new run's first write makes its lease
-                self.leases[run_id] = Lease(run_id, owner, 1, self.clock() + ttl, agent)
+                self.leases[run_id] = _lease(run_id, owner, 1, self.clock() + ttl, agent)
                 return True
         elif (lease.owner.instance_id, lease.epoch) == (owner.instance_id, epoch):
             if agent and not lease.agent:
-                self.leases[run_id] = Lease(run_id, owner, epoch, lease.expires_at, agent)
+                self.leases[run_id] = _lease(run_id, owner, epoch, lease.expires_at, agent)
             return True
         del self.held[run_id]
         return False
@@ -233,7 +251,7 @@ class LeaseTable:
                 lost.add(run_id)
                 del self.held[run_id]
             else:
-                self.leases[run_id] = Lease(run_id, lease.owner, lease.epoch, expires, lease.agent)
+                self.leases[run_id] = _lease(run_id, lease.owner, lease.epoch, expires, lease.agent)
         return lost
 
     def release(self, run_id: str, owner: Owner) -> None:
@@ -245,14 +263,14 @@ class LeaseTable:
             and lease is not None
             and (lease.owner.instance_id, lease.epoch) == (held[0].instance_id, held[1])
         ):
-            self.leases[run_id] = Lease(run_id, lease.owner, lease.epoch, 0.0, lease.agent)
+            self.leases[run_id] = _lease(run_id, lease.owner, lease.epoch, 0.0, lease.agent)
 
     def ended(self, run_id: str) -> None:
         """A run's terminal checkpoint was written: nobody needs its lease any more."""
         self.held.pop(run_id, None)
         lease = self.leases.get(run_id)
         if lease is not None:
-            self.leases[run_id] = Lease(run_id, lease.owner, lease.epoch, 0.0, lease.agent)
+            self.leases[run_id] = _lease(run_id, lease.owner, lease.epoch, 0.0, lease.agent)
 
     def expired(self, run_id: str) -> bool:
         """Whether nobody holds a live lease of `run_id`."""

@@ -27,7 +27,14 @@ from steerable.protocol import (
     ToolResult,
     TranscriptEntry,
 )
-from steerable.protocol._codec import _MASK, _MEMBERS, MAX_MESSAGE_BYTES, _pack, decode
+from steerable.protocol._codec import (
+    _MASK,
+    _MEMBERS,
+    MAX_MESSAGE_BYTES,
+    _pack,
+    _serializer_of,
+    decode,
+)
 from steerable.protocol._stored import LazyEntries
 
 from .events import EventHistory, EventRecord, MemoryEvents
@@ -103,7 +110,7 @@ def _packed_entry(entry: Any) -> Any:
     if type(entry) not in _ENTRY_TYPES:
         return entry  # bytes already, or a record the "entry" kind does not carry
     try:
-        data = _pack("entry", type(entry).__pydantic_serializer__.to_python(entry, mode="json"))
+        data = _pack("entry", _serializer_of(type(entry)).to_python(entry, mode="json"))
     except (ValueError, TypeError, OverflowError, RecursionError):
         return entry
     if _MASK in data or len(data) > MAX_MESSAGE_BYTES:
