@@ -21,7 +21,7 @@ from steerable.protocol._codec import encode_body
 from .lease import Owner, message_fenced
 from .sqlite_events import apply_event_batches, apply_events
 from .sqlite_files import unavailable
-from .sqlite_rows import checksum
+from .sqlite_rows import bound_blob, checksum
 from .sqlite_wal import WalCheckpointer
 from .store import STATIC_KEYS, TERMINAL_STATES
 
@@ -298,7 +298,7 @@ class SqliteApply:
             )
         if held is not None:
             self._runs_rev[run_id] = (epoch, revision)
-        revision_row = (run_id, revision, dynamic, checksum(dynamic), epoch)
+        revision_row = (run_id, revision, bound_blob(dynamic), checksum(dynamic), epoch)
         if deferred is not None:
             deferred.revisions.append(revision_row)
         else:

@@ -18,7 +18,7 @@ from steerable.protocol import RunEvent, RunState
 from steerable.protocol._codec import encode_bodies
 
 from .events import EventRecord, WindowedEvents, event_body
-from .sqlite_rows import decoded
+from .sqlite_rows import bound_blob, decoded
 from .store import corrupt_row, not_found
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def apply_event_batches(
             if isinstance(blob, ValueError):
                 _log.error("event_not_stored", run_id=run_id, seq=record[0], error=str(blob))
                 continue
-            rows.append((run_id, record[0], blob, crc32(blob)))
+            rows.append((run_id, record[0], bound_blob(blob), crc32(blob)))
             last = record[0]
         if last is not None and (newest is None or last > newest):
             newest = last

@@ -25,7 +25,7 @@ from .lease import message_fenced
 from .sqlite_apply import _FENCED_OPS, _INBOX_INSERT, SqliteApply
 from .sqlite_files import full_disk, notify_failed, notify_stored, transient, unavailable
 from .sqlite_queue import WriteQueue
-from .sqlite_rows import checksum
+from .sqlite_rows import bound_blob, checksum
 from .store import STATIC_KEYS, dynamic_part
 
 __all__ = ["SqliteWriter"]
@@ -331,7 +331,7 @@ class SqliteWriter(SqliteApply):
             rows = []
             for i, entry in enumerate(entries):
                 blob = encode(entry, kind="entry")
-                rows.append((run_id, entries_from + i, blob, checksum(blob)))
+                rows.append((run_id, entries_from + i, bound_blob(blob), checksum(blob)))
             static = None
             if run_id not in self._static_written:
                 static = encode_body("snapshot", {key: snapshot[key] for key in STATIC_KEYS})
@@ -357,7 +357,7 @@ class SqliteWriter(SqliteApply):
         """
         with self._held_lock:
             held = self._held.get(run_id)
-        row = (run_id, seq, blob, checksum(blob), message_id)
+        row = (run_id, seq, bound_blob(blob), checksum(blob), message_id)
         with self._write_lock:
             if self._conn_closed:
                 raise SteerableError(AgentError.of(ErrorCode.RUN_ENDED, "the store is closed"))
