@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import time
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from steerable.actors import ToolContext
+from steerable.actors._engine.cancel import CancelScope
+from steerable.actors._stores.lease import Lease, Owner, _lease
+from steerable.actors._tools.context import tool_context
 from steerable.protocol import (
     AgentError,
     AskUser,
@@ -23,6 +29,7 @@ from steerable.protocol import (
     Usage,
     UserMessage,
 )
+from steerable.protocol._base import slot_twin
 from steerable.protocol._built import (
     built_budgets,
     built_decision_entry,
@@ -276,3 +283,59 @@ def test_agent_error_of_validates_what_is_not_exact() -> None:
         pass
 
     assert type(Sub.of(ErrorCode.TIMEOUT, "late")) is Sub
+
+
+def test_slot_twin_builds_the_class_it_twins_and_refuses_another_layout() -> None:
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Pair:
+        a: int
+        b: str
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Other:
+        x: int
+
+    twin = slot_twin(Pair)
+    pair: Any = object.__new__(twin)
+    pair.a, pair.b = 1, "x"
+    pair.__class__ = Pair
+    assert type(pair) is Pair
+    assert pair == Pair(1, "x")
+    assert hash(pair) == hash(Pair(1, "x"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pair.a = 2  # type: ignore[misc]
+    other: Any = object.__new__(twin)
+    with pytest.raises(TypeError, match="layout differs"):
+        other.__class__ = Other
+
+
+def test_tool_context_is_the_public_constructors_context() -> None:
+    scope = CancelScope(deadline=5.0)
+    built = tool_context("r", "t", "c1.0", "noop", "idem_x", 2, 5.0, scope, time.monotonic, None)
+    constructed = ToolContext(
+        run_id="r",
+        trace_id="t",
+        call_id="c1.0",
+        tool="noop",
+        idempotency_key="idem_x",
+        attempt=2,
+        deadline=5.0,
+        scope=scope,
+        now=time.monotonic,
+    )
+    assert type(built) is ToolContext
+    for name in ToolContext.__slots__:
+        assert getattr(built, name) == getattr(constructed, name), name
+    assert built.remaining() == constructed.remaining()
+    with pytest.raises(AttributeError, match="immutable"):
+        built.attempt = 3
+    built.emit("progress", {"done": 1})  # no emitter: a no-op, as the constructed one's
+
+
+def test_a_lease_table_builds_plain_leases() -> None:
+    owner = Owner("i1", "host", 1)
+    built = _lease("r", owner, 2, 9.5, "agent")
+    assert type(built) is Lease
+    assert built == Lease("r", owner, 2, 9.5, "agent")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.epoch = 3  # type: ignore[misc]

@@ -7,6 +7,10 @@ python -m tests.bench.profile_parts [PART ...] [--runs 3] [--iters 200]
     of `--iters` iterations, minus the same process without the measured runs; prints
     instructions per iteration with nothing stubbed and with each PART stubbed out (the
     difference is that part and everything it causes later). Without PART: every part below.
+python -m tests.bench.profile_parts --functions N [--runs 3] [--iters 200]
+    The N C functions (the interpreter's, msgpack's, sqlite's...) that spend the most
+    instructions per iteration, by callgrind_annotate, runs minus warm-up: where a cost hides
+    that no Python profiler shows (docs/performance.md, "Wave 4: session 19").
 python -m tests.bench.profile_parts --run PART RUNS ITERS
     The measured process itself (what valgrind runs).
 
@@ -179,6 +183,34 @@ def _instructions(part: str, runs: int, iters: int, out: Path) -> int:
     return int(found.group(1))
 
 
+def _by_function(out: Path) -> dict[str, int]:
+    """Instructions per C function of one callgrind output (callgrind_annotate's table)."""
+    done = subprocess.run(
+        ["callgrind_annotate", "--threshold=100", str(out)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    found: dict[str, int] = {}
+    for line in done.stdout.splitlines():
+        match = re.match(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+(\S.*?)(?: \[.*\])?$", line)
+        if match is None or match.group(2) == "PROGRAM TOTALS":
+            continue
+        name = match.group(2).rsplit(":", 1)[-1]
+        found[name] = found.get(name, 0) + int(match.group(1).replace(",", ""))
+    return found
+
+
+def functions(top: int, runs: int, iters: int) -> list[tuple[float, str]]:
+    """The `top` C functions by instructions per W1 iteration (nothing stubbed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _instructions("none", 0, iters, Path(tmp) / "base.out")
+        _instructions("none", runs, iters, Path(tmp) / "runs.out")
+        base = _by_function(Path(tmp) / "base.out")
+        total = _by_function(Path(tmp) / "runs.out")
+    rows = [((n - base.get(name, 0)) / (runs * iters), name) for name, n in total.items()]
+    rows.sort(reverse=True)
+    return rows[:top]
+
+
 def per_iteration(part: str, runs: int, iters: int) -> float:
     """Instructions per W1 iteration with `part` stubbed (the warm-up-only process taken off)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -194,11 +226,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("parts", nargs="*", help=f"of: {', '.join(PARTS)}")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--functions", type=int, metavar="N", help="the top N C functions")
     parser.add_argument("--run", nargs=3, metavar=("PART", "RUNS", "ITERS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run:
         part, runs, iters = args.run
         _measured(part, int(runs), int(iters))
+        return 0
+    if args.functions:
+        print(f"{'instr/iter':>11}  C function")
+        for count, name in functions(args.functions, args.runs, args.iters):
+            print(f"{count:>11,.0f}  {name}")
         return 0
     unknown = [p for p in args.parts if p not in PARTS]
     if unknown:
