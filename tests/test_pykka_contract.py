@@ -382,3 +382,28 @@ def test_actor_init_sets_what_mux_actor_sets_itself() -> None:
         "self.actor_stopped = threading.Event()",
         "self._actor_ref = ActorRef(self)",
     ]
+
+
+def test_tell_does_what_a_mux_ref_does_itself() -> None:
+    # mux._MuxRef.tell replicates ActorRef.tell (the stopped flag read directly, the
+    # envelope's two slots set without its __init__).
+    source = inspect.getsource(pykka.ActorRef.tell)
+    body = [
+        line.strip()
+        for line in source.split('"""')[-1].splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+    assert body == [
+        "if not self.is_alive():",
+        'msg = f"{self} not found"',
+        "raise ActorDeadError(msg)",
+        "self.actor_inbox.put(Envelope(message))",
+    ]
+    assert (
+        inspect.getsource(pykka.ActorRef.is_alive)
+        .rstrip()
+        .endswith("return not self.actor_stopped.is_set()")
+    )
+    init = inspect.getsource(Envelope.__init__)
+    assert "self.message = message" in init
+    assert "self.reply_to = reply_to" in init

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pykka
 from pykka import messages as pykka_messages
+from pykka._envelope import Envelope
 
 from .clock import SystemClock
 from .flag import LazyEvent
@@ -31,7 +32,6 @@ from .log import get_logger
 
 if TYPE_CHECKING:
     from pykka._actor import ActorInbox
-    from pykka._envelope import Envelope
 
 __all__ = ["Dispatcher", "MuxActor"]
 
@@ -40,6 +40,7 @@ _log = get_logger("steerable.mux")
 # ThreadingActor, so a host's pykka log settings keep working.
 _pykka_log = logging.getLogger("pykka")
 
+_new_envelope = object.__new__
 _STOP: Final = object()  # the ready-queue item that ends one dispatcher thread
 
 # A MuxActor's URN: random per process (again in a forked child), then a counter, in the
@@ -341,6 +342,24 @@ class Dispatcher:
             self._cond.notify_all()
 
 
+class _MuxRef(pykka.ActorRef[Any]):
+    """A MuxActor's ref: `tell` as pykka's, in fewer calls (two tells a W1 iteration).
+
+    pykka's `tell` checks `is_alive()` (a call, then the stopped event's `is_set()`) and makes
+    an `Envelope` through its `__init__`; here the stopped flag is read as the attribute it is
+    and the envelope's two slots are set directly. tests/test_pykka_contract.py pins both.
+    """
+
+    def tell(self, message: Any) -> None:
+        if self.actor_stopped._flag:  # type: ignore[attr-defined]  # a MuxActor's LazyEvent
+            msg = f"{self} not found"
+            raise pykka.ActorDeadError(msg)
+        envelope: Envelope[Any] = _new_envelope(Envelope)
+        envelope.message = message
+        envelope.reply_to = None
+        self.actor_inbox.put(envelope)
+
+
 class MuxActor(pykka.Actor):
     """A pykka actor that owns no thread: its messages are handled on a Dispatcher's threads.
 
@@ -365,7 +384,7 @@ class MuxActor(pykka.Actor):
         self.actor_urn = f"urn:uuid:{_URN_PREFIX}-{next(_urn_numbers):012x}"
         self.actor_inbox = self._create_actor_inbox()
         self.actor_stopped = LazyEvent()
-        self._actor_ref = pykka.ActorRef(self)
+        self._actor_ref = _MuxRef(self)
         inbox = self.actor_inbox
         if not isinstance(inbox, _MuxInbox):
             raise TypeError("MuxActor subclasses must not override _create_actor_inbox")
